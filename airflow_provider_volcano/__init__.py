@@ -1,0 +1,1 @@
+"""Apache Airflow provider for Volcano project locks."""

@@ -1,0 +1,1 @@
+"""Prefect integration for Volcano project locks."""

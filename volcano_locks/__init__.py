@@ -1,0 +1,1 @@
+"""Volcano project locks: the shared core client, lease keeper and local server."""

@@ -1,0 +1,1 @@
+"""A local Volcano-compatible project-locks server."""
