@@ -1,0 +1,66 @@
+"""Provider info for Airflow's providers manager (the ``apache_airflow_provider`` entry point)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["get_provider_info"]
+
+
+def get_provider_info() -> dict[str, Any]:
+    """Return the provider's metadata: hooks, operators, triggers, decorator and connection form."""
+    return {
+        "package-name": "volcano-locks",
+        "name": "Volcano",
+        "description": "Volcano project locks: run one task at a time across the fleet, with fencing tokens.",
+        "integrations": [
+            {
+                "integration-name": "Volcano",
+                "external-doc-url": "https://volcano.dev",
+                "tags": ["service"],
+            }
+        ],
+        "hooks": [
+            {"integration-name": "Volcano", "python-modules": ["airflow_provider_volcano.hooks.volcano"]}
+        ],
+        "operators": [
+            {"integration-name": "Volcano", "python-modules": ["airflow_provider_volcano.operators.lock"]}
+        ],
+        "triggers": [
+            {"integration-name": "Volcano", "python-modules": ["airflow_provider_volcano.triggers.lock"]}
+        ],
+        "task-decorators": [
+            {
+                "name": "volcano_lock",
+                "class-name": "airflow_provider_volcano.decorators.volcano_lock.volcano_lock_task",
+            }
+        ],
+        "connection-types": [
+            {
+                "connection-type": "volcano",
+                "hook-class-name": "airflow_provider_volcano.hooks.volcano.VolcanoHook",
+                "hook-name": "Volcano",
+                "ui-field-behaviour": {
+                    "hidden-fields": ["schema", "port", "login"],
+                    "relabeling": {"host": "API URL", "password": "Service key"},
+                    "placeholders": {
+                        "host": "https://api.volcano.dev",
+                        "password": "the project's service-role key",
+                    },
+                },
+                "conn-fields": {
+                    "anon_key": {
+                        "label": "Anon key",
+                        "description": "The project's anon (public) key; optional, lock calls use the "
+                        "service key.",
+                        "schema": {"type": ["string", "null"], "format": "password"},
+                    },
+                    "timeout": {
+                        "label": "Request timeout (seconds)",
+                        "description": "Timeout of each request to the Volcano API.",
+                        "schema": {"type": ["number", "null"], "minimum": 0.1, "default": 10},
+                    },
+                },
+            }
+        ],
+    }

@@ -1,0 +1,161 @@
+"""VolcanoHook: connection parsing (UI, URI, JSON) and test_connection against the real server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from volcano_airflow_testlib import volcano_conn_json
+
+from airflow_provider_volcano.hooks.volcano import VolcanoConnectionError, VolcanoHook
+
+SECRET = "sk-not-a-real-key-but-long-enough"
+
+
+def _env(monkeypatch: pytest.MonkeyPatch, conn_id: str, value: str) -> None:
+    monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", value)
+
+
+def test_json_connection_parses_every_field(monkeypatch: pytest.MonkeyPatch) -> None:
+    _env(
+        monkeypatch,
+        "v_json",
+        volcano_conn_json("https://api.volcano.dev/", SECRET, anon_key="ak-anon-key-123", timeout="2.5"),
+    )
+    config = VolcanoHook("v_json").config
+    assert config.api_url == "https://api.volcano.dev"
+    assert config.service_key == SECRET
+    assert config.anon_key == "ak-anon-key-123"
+    assert config.timeout == 2.5
+    assert SECRET not in repr(config) and "ak-anon-key-123" not in repr(config)
+
+
+def test_uri_connection_with_protocol_in_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    _env(monkeypatch, "v_uri", f"volcano://http://:{SECRET}@127.0.0.1:8123/?timeout=4&anon_key=ak-x-12345")
+    config = VolcanoHook("v_uri").config
+    assert (config.api_url, config.service_key, config.anon_key, config.timeout) == (
+        "http://127.0.0.1:8123",
+        SECRET,
+        "ak-x-12345",
+        4.0,
+    )
+
+
+def test_uri_connection_with_quoted_url_as_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    _env(monkeypatch, "v_uri2", f"volcano://:{SECRET}@http%3A%2F%2Flocalhost%3A9000")
+    config = VolcanoHook("v_uri2").config
+    assert config.api_url == "http://localhost:9000"
+    assert config.anon_key is None
+    assert config.timeout == 10.0
+
+
+def test_bare_host_defaults_to_https_and_keeps_port_and_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
+    _env(
+        monkeypatch,
+        "v_bare",
+        json.dumps(
+            {"conn_type": "volcano", "host": "locks.example", "port": 8443, "schema": "v1", "password": SECRET}
+        ),
+    )
+    assert VolcanoHook("v_bare").config.api_url == "https://locks.example:8443/v1"
+
+
+def test_prefixed_extra_names_of_older_uis_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    _env(
+        monkeypatch,
+        "v_old",
+        volcano_conn_json("http://x.test", SECRET, extra__volcano__anon_key="ak-old-12345"),
+    )
+    assert VolcanoHook("v_old").config.anon_key == "ak-old-12345"
+
+
+def test_async_parse_matches_sync(monkeypatch: pytest.MonkeyPatch) -> None:
+    _env(monkeypatch, "v_async", volcano_conn_json("http://x.test:1", SECRET, timeout=3))
+    assert asyncio.run(VolcanoHook("v_async").aget_config()) == VolcanoHook("v_async").config
+
+
+def test_hook_timeout_overrides_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    _env(monkeypatch, "v_to", volcano_conn_json("http://x.test:1", SECRET, timeout=3))
+    assert VolcanoHook("v_to", timeout=7).config.timeout == 7.0
+
+
+@pytest.mark.parametrize(
+    ("conn", "message"),
+    [
+        ({"conn_type": "volcano", "password": SECRET}, "has no API URL: set its Host field"),
+        ({"conn_type": "volcano", "host": "http://x.test"}, "has no service key: set its Password field"),
+        ({"conn_type": "volcano", "host": "ftp://x.test", "password": SECRET}, "is not an http(s) URL"),
+        ({"conn_type": "volcano", "host": "http://x.test:99999", "password": SECRET}, "invalid port"),
+        (
+            {"conn_type": "volcano", "host": "http://x.test", "password": SECRET, "extra": {"timeout": "soon"}},
+            "timeout must be a number of seconds, got 'soon'",
+        ),
+        (
+            {"conn_type": "volcano", "host": "http://x.test", "password": SECRET, "extra": {"timeout": -1}},
+            "timeout must be a positive number",
+        ),
+        (
+            {"conn_type": "volcano", "host": "http://x.test", "password": SECRET, "extra": "{not json"},
+            "Extra field is not valid JSON",
+        ),
+        (
+            {"conn_type": "volcano", "host": "http://x.test", "password": SECRET, "extra": "[1]"},
+            "must be a JSON object",
+        ),
+    ],
+)
+def test_bad_connections_get_clear_errors(
+    monkeypatch: pytest.MonkeyPatch, conn: dict[str, object], message: str
+) -> None:
+    _env(monkeypatch, "v_bad", json.dumps(conn))
+    with pytest.raises(VolcanoConnectionError) as info:
+        VolcanoHook("v_bad").config
+    assert message in str(info.value)
+    assert "'v_bad'" in str(info.value)
+    assert SECRET not in str(info.value)
+    ok, reason = VolcanoHook("v_bad").test_connection()
+    assert not ok and message in reason
+
+
+def test_missing_connection_names_it() -> None:
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    with pytest.raises(AirflowNotFoundException, match="v_nowhere"):
+        VolcanoHook("v_nowhere").config
+
+
+def test_test_connection_ok_against_real_server(volcano_conn) -> None:  # type: ignore[no-untyped-def]
+    ok, message = VolcanoHook().test_connection()
+    assert ok, message
+    assert volcano_conn.url in message
+
+
+def test_test_connection_reports_unreachable_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    _env(monkeypatch, "v_down", volcano_conn_json(f"http://127.0.0.1:{port}", SECRET, timeout=2))
+    ok, message = VolcanoHook("v_down").test_connection()
+    assert not ok
+    assert "Cannot reach the Volcano API" in message and str(port) in message
+    assert SECRET not in message
+
+
+def test_test_connection_reports_bad_key(volcano_server, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    _env(monkeypatch, "v_badkey", volcano_conn_json(volcano_server.url, "not.a.jwt"))
+    ok, message = VolcanoHook("v_badkey").test_connection()
+    assert not ok and "rejected" in message and "401" in message
+
+
+def test_test_connection_reports_key_without_locks_manage(volcano_server, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    scoped = volcano_server.mint_key(permissions=["storage.read"])
+    _env(monkeypatch, "v_scoped", volcano_conn_json(volcano_server.url, scoped))
+    ok, message = VolcanoHook("v_scoped").test_connection()
+    assert not ok and "may not manage locks" in message and "403" in message
+    anon = volcano_server.anon_key
+    _env(monkeypatch, "v_anon", volcano_conn_json(volcano_server.url, anon))
+    ok, message = VolcanoHook("v_anon").test_connection()
+    assert not ok and "403" in message

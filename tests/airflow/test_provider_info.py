@@ -1,0 +1,77 @@
+"""The provider info is valid against Airflow's own schemas and Airflow reads it."""
+
+from __future__ import annotations
+
+import json
+from importlib import import_module
+from pathlib import Path
+
+import airflow
+import jsonschema
+
+from airflow_provider_volcano.get_provider_info import get_provider_info
+
+AIRFLOW_DIR = Path(airflow.__file__).parent
+
+
+def test_provider_info_is_valid_against_airflow_schema() -> None:
+    schema = json.loads((AIRFLOW_DIR / "provider_info.schema.json").read_text())
+    jsonschema.validate(get_provider_info(), schema)
+
+
+def test_connection_form_is_valid_against_provider_yaml_schema() -> None:
+    # provider_info.schema.json leaves connection-types loose; provider.yaml's schema spells out
+    # conn-fields and ui-field-behaviour, which the new UI reads.
+    full = json.loads((AIRFLOW_DIR / "provider.yaml.schema.json").read_text())
+    conn_schema = full["properties"]["connection-types"]
+    jsonschema.validate(get_provider_info()["connection-types"], conn_schema)
+    behaviour = json.loads((AIRFLOW_DIR / "customized_form_field_behaviours.schema.json").read_text())
+    ui = get_provider_info()["connection-types"][0]["ui-field-behaviour"]
+    jsonschema.validate(
+        {
+            "hidden_fields": ui["hidden-fields"],
+            "relabeling": ui["relabeling"],
+            "placeholders": ui["placeholders"],
+        },
+        behaviour,
+    )
+
+
+def test_every_listed_module_and_class_imports() -> None:
+    info = get_provider_info()
+    for section in ("hooks", "operators", "triggers"):
+        for entry in info[section]:
+            for module in entry["python-modules"]:
+                import_module(module)
+    for item in info["connection-types"] + [
+        {"hook-class-name": d["class-name"]} for d in info["task-decorators"]
+    ]:
+        module, _, name = item["hook-class-name"].rpartition(".")
+        assert callable(getattr(import_module(module), name))
+
+
+def test_airflow_discovers_the_provider_through_the_entry_point() -> None:
+    from airflow.providers_manager import ProvidersManager
+    from airflow.sdk.providers_manager_runtime import ProvidersManagerTaskRuntime
+
+    pm = ProvidersManager()
+    assert "volcano-locks" in pm.providers
+    hook = ProvidersManagerTaskRuntime().hooks["volcano"]
+    assert hook is not None
+    assert hook.hook_class_name == "airflow_provider_volcano.hooks.volcano.VolcanoHook"
+    assert hook.connection_id_attribute_name == "volcano_conn_id"
+    behaviour = pm.field_behaviours["volcano"]
+    assert behaviour["relabeling"] == {"host": "API URL", "password": "Service key"}
+    assert behaviour["placeholders"]["host"] == "https://api.volcano.dev"
+    assert set(behaviour["hidden_fields"]) == {"schema", "port", "login"}
+    widgets = pm.connection_form_widgets
+    assert widgets["extra__volcano__anon_key"].is_sensitive
+    assert not widgets["extra__volcano__timeout"].is_sensitive
+
+
+def test_task_volcano_lock_decorator_is_registered() -> None:
+    from airflow.sdk import task
+
+    from airflow_provider_volcano.decorators.volcano_lock import volcano_lock_task
+
+    assert task.volcano_lock is volcano_lock_task

@@ -1,0 +1,10 @@
+"""Helpers shared by the Airflow tests (a uniquely named module: tests/ has several conftests)."""
+
+from __future__ import annotations
+
+import json
+
+
+def volcano_conn_json(url: str, service_key: str, **extra: object) -> str:
+    """Return a Volcano connection in Airflow's JSON env-var form."""
+    return json.dumps({"conn_type": "volcano", "host": url, "password": service_key, "extra": extra})
