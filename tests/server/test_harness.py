@@ -1,0 +1,73 @@
+"""The shared fixtures and the LocalServer harness work as SPEC.md promises."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+
+from volcano_locks.server.harness import LocalServer
+
+from .helpers import Raw, new_id
+
+
+def test_session_server_happy_path(volcano_server: LocalServer, unique_key: str) -> None:
+    raw = Raw(volcano_server.url, volcano_server.service_key)
+    token = new_id()
+    r = raw.acquire(unique_key, token, 30)
+    assert r.status_code == 201, r.text
+    assert set(r.json()) == {"expires_at", "fencing_token"}
+    assert raw.get(unique_key).json()["held"] is True
+    assert raw.release(unique_key, token).status_code == 204
+    assert raw.get(unique_key).json() == {"held": False}
+    raw.close()
+
+
+def test_unique_key_matches_contract(unique_key: str) -> None:
+    assert re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}", unique_key)
+
+
+def test_env_and_admin(volcano_server: LocalServer, unique_key: str) -> None:
+    env = volcano_server.env()
+    assert env["VOLCANO_API_URL"] == volcano_server.url
+    rid = new_id()
+    raw = Raw(env["VOLCANO_API_URL"], env["VOLCANO_SERVICE_KEY"])
+    raw.get(unique_key, request_id=rid)
+    raw.close()
+    seen = [e for e in volcano_server.requests() if e["request_id"] == rid]
+    assert seen and seen[0]["op"] == "get" and seen[0]["status"] == 200
+    assert volcano_server.faults() == ""
+
+
+def test_restart_keeps_leases_and_fencing() -> None:
+    with LocalServer() as srv:
+        raw = Raw(srv.url, srv.service_key)
+        token = new_id()
+        first = raw.acquire("restart-me", token, 60).json()
+        raw.close()
+        port = srv.port
+        srv.restart()
+        assert srv.port == port
+        raw = Raw(srv.url, srv.service_key)
+        assert raw.get("restart-me").json() == {"held": True, **first}
+        assert raw.release("restart-me", token).status_code == 204
+        again = raw.acquire("restart-me", new_id(), 60).json()
+        assert again["fencing_token"] > first["fencing_token"]
+        raw.close()
+        srv.kill()
+        srv.start()
+        raw = Raw(srv.url, srv.service_key)
+        assert raw.get("restart-me").json()["fencing_token"] == again["fencing_token"]
+        raw.close()
+
+
+def test_sigterm_stops_cleanly() -> None:
+    srv = LocalServer().start()
+    assert srv.stop() == 0
+    assert "stopped" in srv.stdout_path.read_text()
+    try:
+        httpx.get(srv.url + "/locks/x", timeout=2)
+        raise AssertionError("server still answering after stop")
+    except httpx.TransportError:
+        pass
+    srv.close()

@@ -1,0 +1,147 @@
+"""`volcano-locks serve`: defaults, wiring the server together, printing keys, and clean shutdown."""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import signal
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import TextIO
+
+from .app import LockApp, LockHTTPServer, build_server
+from .auth import Authenticator, check_secret, mint_key
+from .clock import Clock, system_clock
+from .faults import FaultInjector
+from .quota import QuotaLimiter
+from .service import LockService
+from .store import LockStore, open_store
+
+__all__ = ["SECRET_ENV", "ServeConfig", "build_app", "default_db_path", "load_or_create_secret", "serve"]
+
+SECRET_ENV = "VOLCANO_LOCAL_SECRET"
+"""Environment variable read when `--secret` is not given (keeps the secret out of `ps`)."""
+
+log = logging.getLogger("volcano_locks.server")
+
+
+def default_data_dir() -> Path:
+    """The user data directory the server keeps its default database and secret in."""
+    from platformdirs import user_data_dir
+
+    return Path(user_data_dir("volcano-locks", appauthor=False))
+
+
+def default_db_path() -> str:
+    """The default SQLite database file."""
+    return str(default_data_dir() / "locks.sqlite3")
+
+
+def secret_path_for(db: str) -> Path:
+    """Where the generated secret lives: beside a SQLite file, or in the data dir for PostgreSQL."""
+    if db.startswith(("postgresql://", "postgres://")):
+        return default_data_dir() / "secret"
+    return Path(db + ".secret")
+
+
+def load_or_create_secret(path: Path) -> str:
+    """Read the secret kept at `path`, or generate one and keep it there with mode 0600."""
+    if path.exists():
+        return check_secret(path.read_text(encoding="utf-8").strip())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    secret = secrets.token_urlsafe(48)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(secret + "\n")
+    return secret
+
+
+@dataclass
+class ServeConfig:
+    """Options of `volcano-locks serve`."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    db: str | None = None
+    secret: str | None = None
+    quota: int = 600
+    faults: str | None = None
+    admin: bool = False
+    log_requests: bool = True
+
+
+def build_app(
+    store: LockStore,
+    secret: str,
+    *,
+    quota: int = 600,
+    faults: str | None = None,
+    admin: bool = False,
+    clock: Clock = system_clock,
+    log_requests: bool = True,
+) -> LockApp:
+    """Wire a LockApp over `store` with one clock for leases, key expiry and quota windows."""
+    return LockApp(
+        LockService(store, clock),
+        Authenticator(secret, clock),
+        QuotaLimiter(quota, clock),
+        FaultInjector(faults),
+        admin=admin,
+        clock=clock,
+        log_requests=log_requests,
+    )
+
+
+def serve(config: ServeConfig, out: TextIO = sys.stdout) -> int:
+    """Run the server until SIGTERM/SIGINT; print the URL, keys and `ready`; return an exit code."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    db = config.db or default_db_path()
+    secret = config.secret or os.environ.get(SECRET_ENV) or load_or_create_secret(secret_path_for(db))
+    check_secret(secret)
+    store = open_store(db)
+    httpd: LockHTTPServer | None = None
+    try:
+        app = build_app(
+            store,
+            secret,
+            quota=config.quota,
+            faults=config.faults,
+            admin=config.admin,
+            log_requests=config.log_requests,
+        )
+        httpd = build_server(config.host, config.port, app)
+        stop = threading.Event()
+
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            stop.set()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        thread = threading.Thread(target=httpd.serve_forever, name="volcano-locks-http", daemon=True)
+        thread.start()
+        shown_db = db if "://" not in db else db.split("@")[-1]
+        print(f"Volcano locks server on {httpd.url} (db: {shown_db}, project: local)", file=out)
+        if config.faults:
+            print(f"fault injection ON: {config.faults}", file=out)
+        if config.admin:
+            print("admin endpoints ON: /__admin/faults, /__admin/requests", file=out)
+        print(f"VOLCANO_API_URL={httpd.url}", file=out)
+        print(f"VOLCANO_ANON_KEY={mint_key(secret, 'local', 'anon')}", file=out)
+        print(f"VOLCANO_SERVICE_KEY={mint_key(secret, 'local', 'service')}", file=out)
+        print("ready", file=out, flush=True)
+        while not stop.wait(0.5):
+            if not thread.is_alive():
+                log.error("the HTTP server thread died")
+                return 1
+        httpd.shutdown()
+        thread.join(timeout=10)
+        print("stopped", file=out, flush=True)
+        return 0
+    finally:
+        if httpd is not None:
+            httpd.server_close()
+        store.close()

@@ -1,0 +1,59 @@
+"""The lock store interface: atomic read-decide-write of one (project, key) row, and `open_store`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+__all__ = ["Decide", "LockRow", "LockStore", "open_store"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class LockRow:
+    """One key's stored state; the row outlives releases so the fencing sequence never resets.
+
+    Times are integer microseconds since the Unix epoch. `token_hash` is the SHA-256 hex digest of the
+    ownership token (the token itself is never stored), or None when no lease is recorded.
+    """
+
+    token_hash: str | None
+    fencing: int
+    expires_us: int
+    deadline_us: int
+
+
+Decide = Callable[[LockRow | None], tuple[LockRow | None, T]]
+"""Given the current row (None if the key was never used), return (row to write or None, result).
+
+It may raise to abort the change; the store then writes nothing.
+"""
+
+
+class LockStore(Protocol):
+    """Storage for lock rows with an atomic read-decide-write per (project, key)."""
+
+    def update(self, project: str, key: str, decide: Decide[T]) -> T:
+        """Run `decide` on the row under an exclusive row lock and write its result in one transaction."""
+        ...
+
+    def read(self, project: str, key: str) -> LockRow | None:
+        """Return the row for (project, key), or None if it was never written."""
+        ...
+
+    def close(self) -> None:
+        """Release connections."""
+        ...
+
+
+def open_store(db: str) -> LockStore:
+    """Open a store for `db`: a `postgresql://` / `postgres://` DSN, or else a SQLite file path."""
+    if db.startswith(("postgresql://", "postgres://")):
+        from .store_postgres import PostgresStore
+
+        return PostgresStore(db)
+    from .store_sqlite import SqliteStore
+
+    return SqliteStore(db)
