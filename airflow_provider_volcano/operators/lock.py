@@ -195,7 +195,7 @@ class VolcanoLockOperator(BaseOperator):
                 f"Timed out waiting for lock {self.lock_key!r} "
                 f"(held with fencing token {event.get('fencing_token')}): {message}"
             )
-        raise AirflowException(f"Waiting for lock {self.lock_key!r} failed: {message or event!r}")
+        raise AirflowException(f"Waiting for lock {self.lock_key!r} failed: {message or 'the trigger gave no reason'}")
 
     def _run_locked(self, context: Context, deadline: float | None) -> Any:
         from volcano_locks import InvalidRequest, LockContention, OwnershipLost, WaitTimeout

@@ -1,0 +1,40 @@
+"""Leader-only daily rollup: whichever worker gets the lock computes the day; the others skip.
+
+Run it on several schedulers/deployments at once: only the lock holder writes, and its write goes
+through a fencing check, so a holder that lost its lease can never overwrite a newer rollup.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import datetime
+
+from airflow.sdk import DAG, Param
+from volcano_fenced_store import fenced_write
+
+from airflow_provider_volcano import VolcanoLockOperator
+
+
+def rollup(day: str, volcano_lease: dict) -> dict:
+    """Compute the day's rollup and store it through the fencing check."""
+    value = f"rollup {day}: {hashlib.sha256(day.encode()).hexdigest()[:12]}"
+    fenced_write(f"rollup:{day}", volcano_lease["lock_key"], volcano_lease["fencing_token"], value)
+    return {"day": day, "fencing_token": volcano_lease["fencing_token"]}
+
+
+with DAG(
+    dag_id="volcano_daily_rollup",
+    schedule="@daily",
+    start_date=datetime(2026, 1, 1),
+    catchup=False,
+    params={"lock_key": Param("daily-rollup", type="string")},
+    tags=["volcano", "example"],
+) as dag:
+    VolcanoLockOperator(
+        task_id="rollup",
+        lock_key="{{ params.lock_key }}",
+        on_contention="skip",
+        ttl=30,
+        python_callable=rollup,
+        op_kwargs={"day": "{{ ds }}"},
+    )

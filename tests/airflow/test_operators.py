@@ -1,0 +1,196 @@
+"""VolcanoLockOperator against the real local server: acquire, skip, fail, defer, resume, loss."""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from airflow.sdk.exceptions import AirflowSkipException, TaskDeferred
+from volcano_locks import VolcanoLocks
+
+from airflow_provider_volcano._tokens import TaskIdentity, derive_token
+from airflow_provider_volcano.operators.lock import (
+    VolcanoLockContended,
+    VolcanoLockLost,
+    VolcanoLockOperator,
+)
+from airflow_provider_volcano.triggers.lock import VolcanoLockTrigger
+
+
+class _TI(SimpleNamespace):
+    def xcom_push(self, key: str, value: Any) -> None:
+        self.xcoms[key] = value
+
+
+def _context(task_id: str = "t", try_number: int = 1) -> dict[str, Any]:
+    ti = _TI(dag_id="d", task_id=task_id, run_id="manual__x", map_index=-1, try_number=try_number, xcoms={})
+    return {"ti": ti}
+
+
+@pytest.fixture
+def outside(volcano_conn):  # type: ignore[no-untyped-def]
+    """A core client holding locks from outside Airflow."""
+    with VolcanoLocks(volcano_conn.url, volcano_conn.anon_key, volcano_conn.service_key) as client:
+        yield client
+
+
+def _op(key: str, fn: Any = None, **kwargs: Any) -> VolcanoLockOperator:
+    return VolcanoLockOperator(
+        task_id=kwargs.pop("task_id", "t"), lock_key=key, python_callable=fn or (lambda: "done"), **kwargs
+    )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"ttl": 4}, "ttl must be an integer number of seconds from 5"),
+        ({"ttl": 30.5}, "ttl must be an integer"),
+        ({"on_contention": "queue"}, "on_contention must be one of"),
+        ({"wait_timeout": -1}, "wait_timeout must be a non-negative"),
+        ({"poll_interval": 0}, "poll_interval must be a positive"),
+    ],
+)
+def test_bad_arguments_are_rejected_at_construction(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        _op("k", **kwargs)
+
+
+def test_runs_callable_under_the_lock_and_pushes_public_lease(volcano_conn, outside, unique_key) -> None:  # type: ignore[no-untyped-def]
+    seen: dict[str, Any] = {}
+
+    def work(x: int, volcano_lease: dict[str, Any]) -> int:
+        seen.update(volcano_lease)
+        seen["held_during"] = outside.get(unique_key).held
+        return x * 2
+
+    ctx = _context()
+    result = _op(unique_key, work, op_args=[21]).execute(ctx)
+    assert result == 42
+    assert seen["held_during"] is True
+    lease = ctx["ti"].xcoms["volcano_lease"]
+    assert set(lease) == {"lock_key", "fencing_token", "acquired_at", "expires_at"}
+    assert lease["lock_key"] == unique_key and lease["fencing_token"] == seen["fencing_token"]
+    assert outside.get(unique_key).held is False  # released afterwards
+
+
+def test_releases_when_the_callable_fails(volcano_conn, outside, unique_key) -> None:  # type: ignore[no-untyped-def]
+    def boom() -> None:
+        raise RuntimeError("callable failed")
+
+    with pytest.raises(RuntimeError, match="callable failed"):
+        _op(unique_key, boom).execute(_context())
+    assert outside.get(unique_key).held is False
+
+
+def test_skip_names_the_lock_and_the_holders_fencing_token(volcano_conn, outside, unique_key) -> None:  # type: ignore[no-untyped-def]
+    held = outside.acquire(unique_key, 30)
+    with pytest.raises(AirflowSkipException) as info:
+        _op(unique_key, on_contention="skip").execute(_context())
+    assert unique_key in str(info.value) and f"fencing token {held.fencing_token}" in str(info.value)
+    outside.release(unique_key, held)
+
+
+def test_fail_names_the_lock_and_the_holders_fencing_token(volcano_conn, outside, unique_key) -> None:  # type: ignore[no-untyped-def]
+    held = outside.acquire(unique_key, 30)
+    with pytest.raises(VolcanoLockContended) as info:
+        _op(unique_key, on_contention="fail").execute(_context())
+    assert unique_key in str(info.value) and f"fencing token {held.fencing_token}" in str(info.value)
+    outside.release(unique_key, held)
+
+
+def test_wait_in_place_times_out_naming_the_holder(volcano_conn, outside, unique_key) -> None:  # type: ignore[no-untyped-def]
+    held = outside.acquire(unique_key, 30)
+    with pytest.raises(VolcanoLockContended, match="Timed out") as info:
+        _op(unique_key, deferrable=False, wait_timeout=1.5, poll_interval=0.5).execute(_context())
+    assert unique_key in str(info.value)
+    outside.release(unique_key, held)
+
+
+def test_wait_in_place_acquires_after_release(volcano_conn, outside, unique_key) -> None:  # type: ignore[no-untyped-def]
+    held = outside.acquire(unique_key, 30)
+    threading.Timer(1.0, outside.release, (unique_key, held)).start()
+    ctx = _context()
+    assert _op(unique_key, deferrable=False, wait_timeout=30, poll_interval=0.5).execute(ctx) == "done"
+    assert ctx["ti"].xcoms["volcano_lease"]["fencing_token"] > held.fencing_token
+
+
+def test_deferrable_wait_defers_with_primitive_trigger(volcano_conn, outside, unique_key) -> None:  # type: ignore[no-untyped-def]
+    held = outside.acquire(unique_key, 30)
+    ctx = _context()
+    with pytest.raises(TaskDeferred) as info:
+        _op(unique_key, deferrable=True, wait_timeout=60, poll_interval=0.5).execute(ctx)
+    deferred = info.value
+    assert deferred.method_name == "execute_complete"
+    assert isinstance(deferred.trigger, VolcanoLockTrigger)
+    classpath, kwargs = deferred.trigger.serialize()
+    assert kwargs["lock_key"] == unique_key and kwargs["deadline"] > time.time()
+    assert deferred.kwargs == {"deadline": kwargs["deadline"]}
+    token = derive_token(volcano_conn.service_key, TaskIdentity("d", "t", "manual__x", -1, 1), unique_key)
+    assert token not in repr(kwargs) and volcano_conn.service_key not in repr(kwargs)
+    outside.release(unique_key, held)
+
+
+def test_execute_complete_acquired_resumes_with_the_triggers_lease(volcano_conn, outside, unique_key) -> None:  # type: ignore[no-untyped-def]
+    # What the trigger does: acquire with the derived token; the task re-acquires the same lease.
+    token = derive_token(volcano_conn.service_key, TaskIdentity("d", "t", "manual__x", -1, 1), unique_key)
+    by_trigger = outside.acquire(unique_key, 30, token=token)
+    ctx = _context()
+    event = {"status": "acquired", "lock_key": unique_key, "fencing_token": by_trigger.fencing_token}
+    assert _op(unique_key).execute_complete(ctx, event, deadline=None) == "done"
+    assert ctx["ti"].xcoms["volcano_lease"]["fencing_token"] == by_trigger.fencing_token
+    assert outside.get(unique_key).held is False
+
+
+def test_execute_complete_acquired_but_taken_meanwhile_defers_again(volcano_conn, outside, unique_key) -> None:  # type: ignore[no-untyped-def]
+    held = outside.acquire(unique_key, 30)  # someone else got it between trigger and resume
+    event = {"status": "acquired", "lock_key": unique_key, "fencing_token": held.fencing_token - 1}
+    deadline = time.time() + 60
+    with pytest.raises(TaskDeferred) as info:
+        _op(unique_key, deferrable=True).execute_complete(_context(), event, deadline=deadline)
+    assert info.value.trigger.serialize()[1]["deadline"] == deadline
+    with pytest.raises(VolcanoLockContended, match="Timed out"):
+        _op(unique_key, deferrable=True).execute_complete(_context(), event, deadline=time.time() - 1)
+    outside.release(unique_key, held)
+
+
+def test_execute_complete_timeout_and_error_fail(unique_key: str) -> None:
+    op = _op(unique_key)
+    with pytest.raises(VolcanoLockContended, match="fencing token 7"):
+        op.execute_complete(_context(), {"status": "timeout", "fencing_token": 7, "message": "m"})
+    with pytest.raises(Exception, match="Waiting for lock .* failed: boom"):
+        op.execute_complete(_context(), {"status": "error", "message": "boom"})
+
+
+def test_loss_while_running_fails_the_task(volcano_conn, outside, unique_key) -> None:  # type: ignore[no-untyped-def]
+    progress: list[int] = []
+
+    def work() -> str:
+        outside.force_release(unique_key)
+        for i in range(200):  # far longer than the keeper needs to notice (ttl 5: renewal ~1.7 s)
+            time.sleep(0.05)
+            progress.append(i)
+        return "should never be reported"
+
+    with pytest.raises(VolcanoLockLost, match="Lost ownership of lock"):
+        _op(unique_key, work, ttl=5).execute(_context())
+    assert len(progress) < 200  # the callable was interrupted
+
+
+def test_on_kill_releases_the_lock(volcano_conn, outside, unique_key) -> None:  # type: ignore[no-untyped-def]
+    op = _op(unique_key, ttl=6)
+    released = threading.Event()
+
+    def work() -> None:
+        op.on_kill()  # what SIGTERM does in the task process
+        if not outside.get(unique_key).held:
+            released.set()
+        for _ in range(200):  # the keeper notices the release at its next renewal (~2 s)
+            time.sleep(0.05)
+
+    with pytest.raises(VolcanoLockLost, match="killed"):
+        op.python_callable = work
+        op.execute(_context())
+    assert released.is_set()
