@@ -1,0 +1,1 @@
+"""Chaos suite: worker processes, a fault scheduler and a checker that prove mutual exclusion and fencing."""

@@ -1,0 +1,434 @@
+"""Run the chaos suite: servers with fault injection, contending workers, the fault plan, the checker.
+
+Usage (from the repository root, in the Prefect environment)::
+
+    .venv-prefect/bin/python -m tests.chaos.run                   # default: CHAOS_SECONDS or 40 s in all
+    CHAOS_SECONDS=600 .venv-prefect/bin/python -m tests.chaos.run # the ten-minute run
+    .venv-prefect/bin/python -m tests.chaos.run --seconds 60 --backend sqlite --keep .tmp/chaos
+
+The seconds are split evenly between the backends: SQLite (one server process, killed with SIGKILL and
+restarted on the same file) and PostgreSQL (two server processes behind one database, workers spread
+across them, each killed and restarted in turn). The last line printed is the checker's summary over both;
+the exit status is 1 when any promised zero is not zero.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from volcano_locks.server.harness import LocalServer
+
+from .checker import Report, check
+from .events import EventLog, clock_is_shared, read_events, read_events_dir
+from .fenced_store import open_store
+from .scheduler import Action, plan
+
+__all__ = ["DEFAULT_SECONDS", "ChaosConfig", "ChaosRun", "default_seconds", "main"]
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_SECONDS = 40.0
+DEFAULT_PG_DSN = "postgresql://postgres@127.0.0.1:5432/test"
+
+
+def default_seconds() -> float:
+    """Total chaos seconds: ``CHAOS_SECONDS`` from the environment, else 40."""
+    raw = os.environ.get("CHAOS_SECONDS", "").strip()
+    if not raw:
+        return DEFAULT_SECONDS
+    value = float(raw)
+    if not value > 0:
+        raise ValueError(f"CHAOS_SECONDS must be a positive number of seconds, got {raw!r}")
+    return value
+
+
+@dataclass
+class ChaosConfig:
+    """One backend's run."""
+
+    backend: str  # "sqlite" or "postgres"
+    seconds: float
+    workdir: Path
+    workers: int = 4
+    ttl: int = 5
+    poll: float = 1.0
+    seed: int = 0
+    pg_dsn: str = DEFAULT_PG_DSN
+    python: str = sys.executable
+    key: str = field(default_factory=lambda: f"chaos-{uuid.uuid4().hex[:12]}")
+
+
+@dataclass
+class _Worker:
+    name: str
+    server: int
+    proc: subprocess.Popen[bytes]
+    log: Path
+    expected_dead: bool = False
+    stopped: bool = False
+
+
+class ChaosRun:
+    """Execute one backend's chaos run and check it."""
+
+    def __init__(self, cfg: ChaosConfig) -> None:
+        """Prepare (not start) the run described by ``cfg``."""
+        self.cfg = cfg
+        cfg.workdir.mkdir(parents=True, exist_ok=True)
+        self.table = f"chaos_{uuid.uuid4().hex[:12]}"
+        self.servers: list[LocalServer] = []
+        self.workers: list[_Worker] = []
+        self.driver = EventLog(cfg.workdir / "faults.jsonl", "driver")
+        self.spec = ""
+        self.timers: list[tuple[float, Callable[[], None]]] = []
+        self._injected_seen: dict[int, int] = {}
+        self._injected = 0
+        self._spawned = 0
+        self._crashes = 0
+        self._schema = f"chaos_{uuid.uuid4().hex[:10]}"
+
+    # -- set-up -------------------------------------------------------------------------------------------
+
+    def _store_url(self) -> str:
+        if self.cfg.backend == "postgres":
+            return self.cfg.pg_dsn
+        return str(self.cfg.workdir / "protected.sqlite3")
+
+    def _start_servers(self) -> None:
+        secret = secrets.token_urlsafe(48)
+        if self.cfg.backend == "postgres":
+            sep = "&" if "?" in self.cfg.pg_dsn else "?"
+            dbs = [f"{self.cfg.pg_dsn}{sep}schema={self._schema}"] * 2
+        else:
+            dbs = [str(self.cfg.workdir / "locks.sqlite3")]
+        for db in dbs:
+            # High quota: the chaos run measures exclusion under faults, not the 600/min budget.
+            srv = LocalServer(
+                db=db, secret=secret, quota=1_000_000, admin=True, python=self.cfg.python, log_requests=False
+            )
+            self.servers.append(srv.start())
+
+    def _spawn(self) -> _Worker:
+        n = self._spawned
+        self._spawned += 1
+        name = f"w{n}"
+        server = n % len(self.servers)
+        log = self.cfg.workdir / f"worker-{name}.jsonl"
+        env = {**os.environ, **self.servers[server].env(), "PYTHONUNBUFFERED": "1"}
+        cmd = [
+            self.cfg.python, "-m", "tests.chaos.worker",
+            "--name", name, "--key", self.cfg.key, "--ttl", str(self.cfg.ttl),
+            "--store", self._store_url(), "--table", self.table, "--log", str(log),
+            "--server", str(server), "--seed", str(self.cfg.seed * 1000 + n),
+        ]  # fmt: skip
+        out = open(self.cfg.workdir / f"{name}.out", "wb")  # noqa: SIM115 - the child keeps it
+        proc = subprocess.Popen(
+            cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        )
+        out.close()
+        w = _Worker(name, server, proc, log)
+        self.workers.append(w)
+        return w
+
+    # -- observing the workers ----------------------------------------------------------------------------
+
+    def _holders(self) -> list[_Worker]:
+        """Live workers whose log shows an open critical section whose guard has not reported loss."""
+        holders = []
+        for w in self.workers:
+            if w.expected_dead or w.stopped or w.proc.poll() is not None or not w.log.exists():
+                continue
+            if self._open_section(w):
+                holders.append(w)
+        return holders
+
+    @staticmethod
+    def _open_section(w: _Worker) -> bool:
+        state = False
+        for e in read_events(w.log):
+            if e["ev"] == "start":
+                state = True
+            elif e["ev"] in ("end", "lost", "outcome"):
+                state = False
+        return state
+
+    def _starts_after(self, t: float, exclude: str) -> bool:
+        for w in self.workers:
+            if w.name == exclude or not w.log.exists():
+                continue
+            if any(e["ev"] == "start" and e["mono"] > t for e in read_events(w.log)):
+                return True
+        return False
+
+    def _wait_for_holder(self, timeout: float) -> _Worker | None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            holders = self._holders()
+            if holders:
+                return holders[0]
+            self._tick()
+            time.sleep(0.05)
+        return None
+
+    def _collect_injected(self, index: int) -> None:
+        """Count requests the server says it faulted, once each (its log restarts with the process)."""
+        try:
+            entries = self.servers[index].requests()
+        except Exception as exc:  # a dead server has nothing to say; the count is then a lower bound
+            self.driver.emit("note", text=f"server {index} requests unavailable: {type(exc).__name__}")
+            return
+        seen = self._injected_seen.get(index, 0)
+        for e in entries:
+            if e["seq"] > seen and e.get("fault"):
+                self._injected += 1
+        self._injected_seen[index] = max([seen, *(e["seq"] for e in entries)])
+
+    # -- actions --------------------------------------------------------------------------------------------
+
+    def _set_faults(self, spec: str, name: str) -> None:
+        self.spec = spec
+        for i, srv in enumerate(self.servers):
+            if srv.running:
+                srv.set_faults(spec)
+            self.driver.emit("faults", spec=spec, name=name, server=i)
+
+    def _worker_kill(self) -> None:
+        w = self._wait_for_holder(10.0)
+        if w is None:
+            self.driver.emit("note", text="worker_kill: no holder found")
+            self._kill_mono = time.monotonic()
+            self._kill_target = ""
+            return
+        w.expected_dead = True
+        w.proc.send_signal(signal.SIGKILL)
+        self._kill_mono = self.driver.emit("worker_kill", target=w.name, holding=True)["mono"]
+        self._kill_target = w.name
+        w.proc.wait()
+
+    def _await_takeover(self, timeout: float) -> None:
+        end = self._kill_mono + timeout
+        while time.monotonic() < end:
+            if self._starts_after(self._kill_mono, self._kill_target):
+                return
+            self._tick()
+            time.sleep(0.05)
+        self.driver.emit("note", text="await_takeover: no new holder within the timeout")
+
+    def _worker_stop(self, duration: float) -> None:
+        for _ in range(20):
+            w = self._wait_for_holder(10.0)
+            if w is None:
+                break
+            w.proc.send_signal(signal.SIGSTOP)
+            w.stopped = True
+            if self._open_section(w):  # the log is flushed per record: this is its state when frozen
+                stop = self.driver.emit("worker_stop", target=w.name, duration=duration)["mono"]
+                self.timers.append((stop + duration, lambda w=w: self._worker_cont(w)))
+                return
+            w.proc.send_signal(signal.SIGCONT)  # it had just left its section: try another moment
+            w.stopped = False
+            time.sleep(0.1)
+        self.driver.emit("note", text="worker_stop: no holder could be frozen inside its section")
+
+    def _worker_cont(self, w: _Worker) -> None:
+        w.proc.send_signal(signal.SIGCONT)
+        w.stopped = False
+        self.driver.emit("worker_cont", target=w.name)
+
+    def _server_kill(self, index: int, downtime: float) -> None:
+        index %= len(self.servers)
+        self._collect_injected(index)
+        self.servers[index].kill()
+        self._injected_seen[index] = 0
+        self.driver.emit("server_kill", server=index)
+        self.timers.append((time.monotonic() + downtime, lambda: self._server_restart(index)))
+
+    def _server_restart(self, index: int) -> None:
+        srv = self.servers[index]
+        srv.start()
+        if self.spec:
+            srv.set_faults(self.spec)
+        self.driver.emit("server_restart", server=index)
+
+    def _run_action(self, a: Action) -> None:
+        if a.kind == "faults":
+            self._set_faults(a.params["spec"], a.params["name"])
+        elif a.kind == "worker_kill":
+            self._worker_kill()
+        elif a.kind == "await_takeover":
+            self._await_takeover(a.params["timeout"])
+        elif a.kind == "spawn_worker":
+            self._spawn()
+        elif a.kind == "worker_stop":
+            self._worker_stop(a.params["duration"])
+        elif a.kind == "server_kill":
+            self._server_kill(a.params["server"], a.params["downtime"])
+        else:
+            raise ValueError(f"unknown action {a.kind!r}")
+
+    def _tick(self) -> None:
+        """Run due timers; notice workers that died on their own (a crash), and replace them."""
+        now = time.monotonic()
+        due = [t for t in self.timers if t[0] <= now]
+        self.timers = [t for t in self.timers if t[0] > now]
+        for _, fn in sorted(due, key=lambda t: t[0]):
+            fn()
+        for w in list(self.workers):
+            rc = w.proc.poll()
+            if rc is not None and not w.expected_dead:
+                w.expected_dead = True
+                self.driver.emit("crash", target=w.name, rc=rc)
+                self._crashes += 1
+                if self._crashes > 2 * self.cfg.workers:
+                    raise RuntimeError(
+                        f"chaos: workers keep crashing; last output in {self.cfg.workdir / (w.name + '.out')}"
+                    )
+                self._spawn()
+
+    # -- the run ---------------------------------------------------------------------------------------
+
+    def run(self) -> Report:
+        """Start everything, execute the plan, drain, check; return the report."""
+        if not clock_is_shared():
+            raise RuntimeError("time.monotonic() is not the machine-wide CLOCK_MONOTONIC here")
+        cfg = self.cfg
+        store = open_store(self._store_url(), self.table)
+        try:
+            self._start_servers()
+            for _ in range(cfg.workers):
+                self._spawn()
+            actions = plan(cfg.seconds, ttl=cfg.ttl, poll=cfg.poll, servers=len(self.servers), seed=cfg.seed)
+            t0 = time.monotonic()
+            shift = 0.0
+            for a in actions:
+                while time.monotonic() < t0 + a.at + shift:
+                    self._tick()
+                    time.sleep(0.05)
+                began = time.monotonic()
+                self._run_action(a)
+                if a.kind in ("worker_kill", "await_takeover", "worker_stop"):
+                    shift += max(0.0, time.monotonic() - began - 0.05)
+            while self.timers or time.monotonic() < t0 + cfg.seconds + shift:
+                self._tick()
+                time.sleep(0.05)
+            self._drain()
+            for i in range(len(self.servers)):
+                self._collect_injected(i)
+            self.driver.emit("server_injected", count=self._injected)
+            writes = [r.as_dict() for r in store.writes()]
+        finally:
+            self._cleanup(store)
+        events = read_events_dir(cfg.workdir)
+        faults = list(read_events(cfg.workdir / "faults.jsonl"))
+        report = check(events, writes, faults, poll=cfg.poll)
+        (cfg.workdir / "report.txt").write_text(report.line() + "\n" + report.detail_line() + "\n")
+        return report
+
+    def _drain(self) -> None:
+        """Ask every worker to finish; a worker still alive after the bound is a hang."""
+        bound = 3.5 + self.cfg.ttl + 10.0  # longest hold + one TTL for a stalled exit + slack
+        for w in self.workers:
+            if w.proc.poll() is None and not w.expected_dead:
+                w.proc.send_signal(signal.SIGTERM)
+        end = time.monotonic() + bound
+        for w in self.workers:
+            if w.expected_dead:
+                continue
+            try:
+                rc = w.proc.wait(max(0.1, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.driver.emit("hang", target=w.name)
+                w.proc.kill()
+                w.proc.wait()
+                continue
+            if rc != 0:
+                self.driver.emit("crash", target=w.name, rc=rc)
+
+    def _cleanup(self, store: Any) -> None:
+        for w in self.workers:
+            if w.proc.poll() is None:
+                w.proc.kill()
+                w.proc.wait()
+        for srv in self.servers:
+            srv.close()
+        self.driver.close()
+        if self.cfg.backend == "postgres":
+            store.drop()
+            try:
+                import psycopg
+
+                with psycopg.connect(self.cfg.pg_dsn, autocommit=True) as conn:
+                    conn.execute(f"DROP SCHEMA IF EXISTS {self._schema} CASCADE")
+            except Exception as exc:  # leftovers are named chaos_*; say so rather than fail the run
+                print(f"chaos: could not drop schema {self._schema}: {exc}", file=sys.stderr)
+        store.close()
+
+
+def postgres_problem(dsn: str) -> str | None:
+    """Return why PostgreSQL at ``dsn`` is unusable, or None."""
+    try:
+        import psycopg
+
+        with psycopg.connect(dsn, connect_timeout=3) as conn:
+            conn.execute("SELECT 1")
+    except Exception as exc:  # any failure means unusable; the reason is printed
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the chaos suite from the command line; print per-backend lines, then the summary last."""
+    p = argparse.ArgumentParser(prog="python -m tests.chaos.run", description=__doc__.splitlines()[0])
+    p.add_argument(
+        "--seconds", type=float, default=None, help="total chaos seconds (default CHAOS_SECONDS or 40)"
+    )
+    p.add_argument("--backend", choices=["both", "sqlite", "postgres"], default="both")
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--pg-dsn", default=os.environ.get("VOLCANO_TEST_PG_DSN", DEFAULT_PG_DSN))
+    p.add_argument("--keep", type=Path, default=None, help="keep logs in this directory")
+    args = p.parse_args(argv)
+    seconds = args.seconds if args.seconds is not None else default_seconds()
+    seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(2), "big")
+    backends = ["sqlite", "postgres"] if args.backend == "both" else [args.backend]
+    if "postgres" in backends and (problem := postgres_problem(args.pg_dsn)) is not None:
+        if os.environ.get("VOLCANO_TEST_REQUIRE_POSTGRES") == "1" or args.backend == "postgres":
+            print(f"chaos: PostgreSQL unusable: {problem}", file=sys.stderr)
+            return 2
+        print(f"chaos: skipping PostgreSQL ({problem})")
+        backends.remove("postgres")
+    base = args.keep or Path(tempfile.mkdtemp(prefix="volcano-chaos-"))
+    total = Report()
+    where = ", ".join(backends)
+    print(f"chaos: {seconds:.0f} s over {where}, {args.workers} workers, seed {seed}, logs in {base}")
+    for backend in backends:
+        cfg = ChaosConfig(
+            backend=backend,
+            seconds=seconds / len(backends),
+            workdir=base / backend,
+            workers=args.workers,
+            seed=seed,
+            pg_dsn=args.pg_dsn,
+        )
+        report = ChaosRun(cfg).run()
+        print(f"{backend}: {report.line()}")
+        print(f"{backend}: {report.detail_line()}")
+        total = total + report
+    print(total.detail_line())
+    print(total.line(), flush=True)
+    return 0 if total.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
