@@ -1,1 +1,46 @@
-"""Volcano project locks: the shared core client, lease keeper and local server."""
+"""Volcano project locks: the shared core client, lease keeper and local server.
+
+Example:
+    >>> from volcano_locks import VolcanoLocks                         # doctest: +SKIP
+    >>> with VolcanoLocks() as locks, locks.with_lock("daily-rollup", ttl=30) as guard:
+    ...     write_rollup(fencing_token=guard.fencing_token)
+"""
+
+from volcano_locks.client import AsyncVolcanoLocks, VolcanoLocks
+from volcano_locks.errors import (
+    AuthError,
+    ConflictError,
+    InvalidRequest,
+    LockContention,
+    OwnershipLost,
+    ProtocolError,
+    RateLimited,
+    ServerError,
+    TransportError,
+    Unavailable,
+    VolcanoError,
+    WaitTimeout,
+)
+from volcano_locks.guard import AsyncLockGuard, LockGuard
+from volcano_locks.models import LockLease, LockState
+
+__all__ = [
+    "AsyncLockGuard",
+    "AsyncVolcanoLocks",
+    "AuthError",
+    "ConflictError",
+    "InvalidRequest",
+    "LockContention",
+    "LockGuard",
+    "LockLease",
+    "LockState",
+    "OwnershipLost",
+    "ProtocolError",
+    "RateLimited",
+    "ServerError",
+    "TransportError",
+    "Unavailable",
+    "VolcanoError",
+    "VolcanoLocks",
+    "WaitTimeout",
+]

@@ -1,0 +1,352 @@
+"""The two clients, :class:`VolcanoLocks` and :class:`AsyncVolcanoLocks`: thin I/O shells over ``protocol``.
+
+Both hold one httpx connection pool (closed by ``close``/``aclose`` or the context manager), send the
+calls that the sans-I/O flows in :mod:`volcano_locks.protocol` yield, and count every attempt in
+``requests_sent`` so callers can see what the project's 600-a-minute budget paid for.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import TypeVar, cast
+
+import httpx
+
+from volcano_locks import protocol
+from volcano_locks.config import ClientConfig, resolve_config
+from volcano_locks.errors import OwnershipLost, TransportError, translate_transport_errors
+from volcano_locks.guard import AsyncLockContext, LockContext, OnContention
+from volcano_locks.models import LockLease, LockState
+from volcano_locks.protocol import Call, Flow, Reply
+from volcano_locks.waiting import async_wait_acquire, wait_acquire
+
+__all__ = ["AsyncVolcanoLocks", "VolcanoLocks"]
+
+logger = logging.getLogger("volcano_locks.client")
+
+T = TypeVar("T")
+_USER_AGENT = "volcano-locks/0.1"
+
+
+class _Base:
+    """State and pure helpers shared by both shells (no I/O here)."""
+
+    def __init__(
+        self, api_url: str | None, anon_key: str | None, service_key: str | None, timeout: float
+    ) -> None:
+        self._config: ClientConfig = resolve_config(api_url, anon_key, service_key, timeout)
+        self._secrets = tuple(s for s in (self._config.service_key, self._config.anon_key) if s)
+        self._sent = 0
+        self._sent_lock = threading.Lock()
+
+    @property
+    def api_url(self) -> str:
+        """The base URL of the Volcano API."""
+        return self._config.api_url
+
+    @property
+    def timeout(self) -> float:
+        """The per-request timeout in seconds."""
+        return self._config.timeout
+
+    @property
+    def credential_id(self) -> str:
+        """A SHA-256 fingerprint of the service key (tells credentials apart; reveals nothing)."""
+        return self._config.credential_id
+
+    @property
+    def requests_sent(self) -> int:
+        """Every HTTP request attempt this client has sent, retries included."""
+        return self._sent
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self._config.service_key}", "User-Agent": _USER_AGENT}
+
+    def _count(self) -> tuple[float, datetime]:
+        with self._sent_lock:
+            self._sent += 1
+        return time.monotonic(), datetime.now(UTC)
+
+    def _reply(self, call: Call, response: httpx.Response, sent: tuple[float, datetime]) -> Reply:
+        logger.debug("%s -> %d (request id %s)", call.op, response.status_code, call.request_id)
+        return Reply(response.status_code, response.headers, response.content, sent[0], sent[1])
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(api_url={self._config.api_url!r})"
+
+
+class VolcanoLocks(_Base):
+    """Synchronous Volcano project locks client.
+
+    Args:
+        api_url: Base URL; defaults to ``VOLCANO_API_URL``.
+        anon_key: The project's anon key; defaults to ``VOLCANO_ANON_KEY`` (not used by lock calls).
+        service_key: A service-role key with ``locks.manage``; defaults to ``VOLCANO_SERVICE_KEY``.
+        timeout: Per-request timeout in seconds.
+        transport: An httpx transport to send through (tests, proxies).
+
+    Raises:
+        InvalidRequest: A setting is missing or malformed.
+
+    Example:
+        >>> with VolcanoLocks() as locks:                                   # doctest: +SKIP
+        ...     with locks.with_lock("daily-rollup", ttl=30) as guard:
+        ...         write(fencing_token=guard.fencing_token)
+    """
+
+    def __init__(
+        self,
+        api_url: str | None = None,
+        anon_key: str | None = None,
+        service_key: str | None = None,
+        *,
+        timeout: float = 10.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        super().__init__(api_url, anon_key, service_key, timeout)
+        self._http = httpx.Client(
+            base_url=self._config.api_url,
+            headers=self._headers(),
+            timeout=self._config.timeout,
+            transport=transport,
+        )
+
+    def __enter__(self) -> VolcanoLocks:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._http.close()
+
+    def _send(self, call: Call) -> Reply:
+        sent = self._count()
+        timeout = httpx.USE_CLIENT_DEFAULT if call.timeout is None else call.timeout
+        with translate_transport_errors(call.op, call.request_id):
+            response = self._http.request(
+                call.method, call.path, headers=call.headers, content=call.body, timeout=timeout
+            )
+        return self._reply(call, response, sent)
+
+    def _drive(self, flow: Flow[T]) -> T:
+        try:
+            call = next(flow)
+            while True:
+                try:
+                    reply = self._send(call)
+                except TransportError as exc:
+                    call = flow.throw(exc)
+                else:
+                    call = flow.send(reply)
+        except StopIteration as stop:
+            return cast(T, stop.value)
+
+    def acquire(
+        self, key: str, ttl: int, *, token: str | None = None, request_id: str | None = None
+    ) -> LockLease:
+        """Acquire ``key`` for ``ttl`` seconds; retried once (same token, request id) on no reply or 503.
+
+        Raises:
+            LockContention: Another live lease holds the key (``OwnershipLost`` if it was this token's).
+        """
+        return self._drive(
+            protocol.acquire_flow(key, ttl, token=token, request_id=request_id, secrets=self._secrets)
+        )
+
+    def renew(
+        self, key: str, lease: LockLease, ttl: int | None = None, *, request_id: str | None = None
+    ) -> LockLease:
+        """Renew ``lease`` to ``ttl`` seconds from now (default: its TTL); returns the new lease."""
+        return self._drive(protocol.renew_flow(key, lease, ttl, request_id=request_id, secrets=self._secrets))
+
+    def _renew_within(self, lease: LockLease, timeout: float) -> LockLease:
+        """Renew with a fresh request id and a request timeout bounded by the keeper's safe window."""
+        return self._drive(
+            protocol.renew_flow(
+                lease.key, lease, None, request_id=None, timeout=timeout, secrets=self._secrets
+            )
+        )
+
+    def release(self, key: str, lease: LockLease, *, request_id: str | None = None) -> None:
+        """Release ``lease``; succeeds when the lock is already gone."""
+        self._drive(protocol.release_flow(key, lease, request_id=request_id, secrets=self._secrets))
+
+    def get(self, key: str, *, request_id: str | None = None) -> LockState:
+        """Read whether ``key`` is held, with the holder's expiry and fencing token."""
+        return self._drive(protocol.get_flow(key, request_id=request_id, secrets=self._secrets))
+
+    def force_release(self, key: str, *, request_id: str | None = None) -> None:
+        """Drop whatever lease holds ``key``; safe only where the protected resource checks fencing tokens."""
+        self._drive(protocol.force_release_flow(key, request_id=request_id, secrets=self._secrets))
+
+    def wait_acquire(
+        self, key: str, ttl: int, *, timeout: float | None = None, token: str | None = None, poll: float = 1.0
+    ) -> LockLease:
+        """Acquire ``key``, waiting out contention for up to ``timeout`` seconds (``None``: no bound).
+
+        Raises:
+            WaitTimeout: Still held when ``timeout`` ran out (``.holder`` is the last state seen).
+        """
+        return wait_acquire(self, key, ttl, timeout=timeout, token=token, poll=poll)
+
+    def with_lock(
+        self,
+        key: str,
+        ttl: int,
+        *,
+        token: str | None = None,
+        request_id: str | None = None,
+        on_contention: OnContention = "raise",
+        wait_timeout: float | None = None,
+        interrupt: bool = False,
+        on_loss: Callable[[OwnershipLost], object] | None = None,
+    ) -> LockContext:
+        """Hold ``key`` for a ``with`` block, renewing in the background (see ``guard.LockContext``)."""
+        return LockContext(
+            self,
+            key,
+            ttl,
+            token=token,
+            request_id=request_id,
+            on_contention=on_contention,
+            wait_timeout=wait_timeout,
+            interrupt=interrupt,
+            on_loss=on_loss,
+        )
+
+
+class AsyncVolcanoLocks(_Base):
+    """Asynchronous Volcano project locks client; same arguments and method names as :class:`VolcanoLocks`.
+
+    Example:
+        >>> async with AsyncVolcanoLocks() as locks:                        # doctest: +SKIP
+        ...     async with locks.with_lock("daily-rollup", ttl=30) as guard:
+        ...         await write(fencing_token=guard.fencing_token)
+    """
+
+    def __init__(
+        self,
+        api_url: str | None = None,
+        anon_key: str | None = None,
+        service_key: str | None = None,
+        *,
+        timeout: float = 10.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        super().__init__(api_url, anon_key, service_key, timeout)
+        self._http = httpx.AsyncClient(
+            base_url=self._config.api_url,
+            headers=self._headers(),
+            timeout=self._config.timeout,
+            transport=transport,
+        )
+
+    async def __aenter__(self) -> AsyncVolcanoLocks:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the connection pool."""
+        await self._http.aclose()
+
+    async def _send(self, call: Call) -> Reply:
+        sent = self._count()
+        timeout = httpx.USE_CLIENT_DEFAULT if call.timeout is None else call.timeout
+        with translate_transport_errors(call.op, call.request_id):
+            response = await self._http.request(
+                call.method, call.path, headers=call.headers, content=call.body, timeout=timeout
+            )
+        return self._reply(call, response, sent)
+
+    async def _drive(self, flow: Flow[T]) -> T:
+        try:
+            call = next(flow)
+            while True:
+                try:
+                    reply = await self._send(call)
+                except TransportError as exc:
+                    call = flow.throw(exc)
+                else:
+                    call = flow.send(reply)
+        except StopIteration as stop:
+            return cast(T, stop.value)
+
+    async def acquire(
+        self, key: str, ttl: int, *, token: str | None = None, request_id: str | None = None
+    ) -> LockLease:
+        """Acquire ``key`` for ``ttl`` seconds; retried once (same token, request id) on no reply or 503."""
+        return await self._drive(
+            protocol.acquire_flow(key, ttl, token=token, request_id=request_id, secrets=self._secrets)
+        )
+
+    async def renew(
+        self, key: str, lease: LockLease, ttl: int | None = None, *, request_id: str | None = None
+    ) -> LockLease:
+        """Renew ``lease`` to ``ttl`` seconds from now (default: its TTL); returns the new lease."""
+        return await self._drive(
+            protocol.renew_flow(key, lease, ttl, request_id=request_id, secrets=self._secrets)
+        )
+
+    async def _renew_within(self, lease: LockLease, timeout: float) -> LockLease:
+        """Renew with a fresh request id and a request timeout bounded by the keeper's safe window."""
+        return await self._drive(
+            protocol.renew_flow(
+                lease.key, lease, None, request_id=None, timeout=timeout, secrets=self._secrets
+            )
+        )
+
+    async def release(self, key: str, lease: LockLease, *, request_id: str | None = None) -> None:
+        """Release ``lease``; succeeds when the lock is already gone."""
+        await self._drive(protocol.release_flow(key, lease, request_id=request_id, secrets=self._secrets))
+
+    async def get(self, key: str, *, request_id: str | None = None) -> LockState:
+        """Read whether ``key`` is held, with the holder's expiry and fencing token."""
+        return await self._drive(protocol.get_flow(key, request_id=request_id, secrets=self._secrets))
+
+    async def force_release(self, key: str, *, request_id: str | None = None) -> None:
+        """Drop whatever lease holds ``key``; safe only where the protected resource checks fencing tokens."""
+        await self._drive(protocol.force_release_flow(key, request_id=request_id, secrets=self._secrets))
+
+    async def wait_acquire(
+        self, key: str, ttl: int, *, timeout: float | None = None, token: str | None = None, poll: float = 1.0
+    ) -> LockLease:
+        """Acquire ``key``, waiting out contention for up to ``timeout`` seconds (``None``: no bound)."""
+        return await async_wait_acquire(self, key, ttl, timeout=timeout, token=token, poll=poll)
+
+    def with_lock(
+        self,
+        key: str,
+        ttl: int,
+        *,
+        token: str | None = None,
+        request_id: str | None = None,
+        on_contention: OnContention = "raise",
+        wait_timeout: float | None = None,
+        interrupt: bool = False,
+        on_loss: Callable[[OwnershipLost], object] | None = None,
+    ) -> AsyncLockContext:
+        """Hold ``key`` for an ``async with`` block; loss cancels it and raises ``OwnershipLost``."""
+        return AsyncLockContext(
+            self,
+            key,
+            ttl,
+            token=token,
+            request_id=request_id,
+            on_contention=on_contention,
+            wait_timeout=wait_timeout,
+            interrupt=interrupt,
+            on_loss=on_loss,
+        )

@@ -1,0 +1,73 @@
+"""Client settings from arguments or the environment, checked when the client is built."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from volcano_locks.errors import InvalidRequest
+
+__all__ = ["ENV_ANON_KEY", "ENV_API_URL", "ENV_SERVICE_KEY", "ClientConfig", "resolve_config"]
+
+ENV_API_URL = "VOLCANO_API_URL"
+ENV_ANON_KEY = "VOLCANO_ANON_KEY"
+ENV_SERVICE_KEY = "VOLCANO_SERVICE_KEY"
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    """Resolved client settings; keys are hidden from the repr."""
+
+    api_url: str
+    service_key: str = field(repr=False)
+    anon_key: str | None = field(repr=False)
+    timeout: float
+
+    @property
+    def credential_id(self) -> str:
+        """A one-way fingerprint of the service key, to tell credentials apart without holding them."""
+        return hashlib.sha256(self.service_key.encode()).hexdigest()
+
+
+def _setting(value: str | None, env: str) -> str | None:
+    if value is None:
+        value = os.environ.get(env)
+    if value is not None:
+        value = value.strip()
+    return value or None
+
+
+def resolve_config(
+    api_url: str | None,
+    anon_key: str | None,
+    service_key: str | None,
+    timeout: float,
+) -> ClientConfig:
+    """Resolve and check the settings; ``None`` falls back to ``VOLCANO_*`` environment variables.
+
+    Raises:
+        InvalidRequest: A setting is missing or malformed (the message names it, never a key's value).
+    """
+    url = _setting(api_url, ENV_API_URL)
+    if url is None:
+        raise InvalidRequest(f"missing API URL: pass api_url= or set {ENV_API_URL}")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise InvalidRequest(f"invalid API URL {url!r}: expected http(s)://host[:port][/path]")
+    skey = _setting(service_key, ENV_SERVICE_KEY)
+    if skey is None:
+        raise InvalidRequest(f"missing service key: pass service_key= or set {ENV_SERVICE_KEY}")
+    if any(ch.isspace() for ch in skey):
+        raise InvalidRequest("invalid service key: it contains whitespace (value not shown)")
+    akey = _setting(anon_key, ENV_ANON_KEY)
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not math.isfinite(timeout)
+        or timeout <= 0
+    ):
+        raise InvalidRequest(f"invalid timeout {timeout!r}: expected a positive number of seconds")
+    return ClientConfig(api_url=url.rstrip("/"), service_key=skey, anon_key=akey, timeout=float(timeout))

@@ -1,0 +1,432 @@
+"""``with_lock``: hold a lock for a block, renewing it in the background, and release it on exit.
+
+Entering acquires (``on_contention``: ``"raise"``, ``"wait"`` or ``"skip"``), starts the lease keeper
+and yields a guard. Exiting stops the keeper, then releases the latest lease with a fresh request id.
+What is raised on exit, in order of precedence: the block's own exception; else the renewal failure
+(``OwnershipLost``, raised after cleanup); else a release failure.
+
+If a fresh lease already has no safe renewal window (acquisition took so long that a renewal could no
+longer land a second before the local deadline), the lease is renewed once *before* the block is
+entered; if even that leaves no window, the lease is released and ``OwnershipLost`` (code
+``no_safe_window``) is raised without entering the block.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import logging
+import math
+import threading
+import time
+from types import TracebackType
+from typing import TYPE_CHECKING, Literal
+
+from volcano_locks.errors import InvalidRequest, LockContention, OwnershipLost, VolcanoError
+from volcano_locks.models import LockLease
+from volcano_locks.protocol import validate_key, validate_request_id, validate_token, validate_ttl
+from volcano_locks.renewal import (
+    AsyncLeaseKeeper,
+    KeeperTiming,
+    LeaseKeeper,
+    renewal_timeout,
+    safe_window_end,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from volcano_locks.client import AsyncVolcanoLocks, VolcanoLocks
+
+__all__ = ["AsyncLockContext", "AsyncLockGuard", "LockContext", "LockGuard", "OnContention"]
+
+logger = logging.getLogger("volcano_locks.guard")
+
+OnContention = Literal["raise", "wait", "skip"]
+_POLICIES = ("raise", "wait", "skip")
+
+
+class _InterruptedByLoss(OwnershipLost):
+    """Raised asynchronously in the body's thread; replaced on exit by the keeper's first reason."""
+
+    def __init__(
+        self, message: str = "lock ownership lost while the block was running", **kwargs: object
+    ) -> None:
+        super().__init__(message, code="interrupted")
+
+
+def _check_options(
+    key: str,
+    ttl: int,
+    token: str | None,
+    request_id: str | None,
+    on_contention: str,
+    wait_timeout: float | None,
+    on_loss: object,
+) -> None:
+    validate_key(key)
+    validate_ttl(ttl)
+    if token is not None:
+        validate_token(token)
+    if request_id is not None:
+        validate_request_id(request_id)
+    if on_contention not in _POLICIES:
+        raise InvalidRequest(
+            f"invalid on_contention {on_contention!r}: expected one of {', '.join(_POLICIES)}"
+        )
+    if wait_timeout is not None and (
+        isinstance(wait_timeout, bool)
+        or not isinstance(wait_timeout, int | float)
+        or not (math.isfinite(wait_timeout) and wait_timeout >= 0)
+    ):
+        raise InvalidRequest(f"invalid wait_timeout {wait_timeout!r}: expected None or seconds >= 0")
+    if on_loss is not None and not callable(on_loss):
+        raise InvalidRequest(f"invalid on_loss {on_loss!r}: expected a callable taking the OwnershipLost")
+
+
+def _no_window(lease: LockLease, timing: KeeperTiming, now: float) -> bool:
+    return now >= safe_window_end(lease, timing)
+
+
+class LockGuard:
+    """What a sync ``with_lock`` block gets: the latest lease and whether ownership was lost."""
+
+    def __init__(self, keeper: LeaseKeeper | None) -> None:
+        self._keeper = keeper
+        self._never = threading.Event()
+
+    @property
+    def acquired(self) -> bool:
+        """Whether the lock was acquired (``False`` only with ``on_contention="skip"``)."""
+        return self._keeper is not None
+
+    @property
+    def lease(self) -> LockLease | None:
+        """The latest lease, or ``None`` when not acquired."""
+        return None if self._keeper is None else self._keeper.lease
+
+    @property
+    def fencing_token(self) -> int | None:
+        """The lease's fencing token, to pass to whatever the lock protects."""
+        return None if self._keeper is None else self._keeper.lease.fencing_token
+
+    @property
+    def lost(self) -> bool:
+        """Whether ownership was lost; stop protected work when it is."""
+        return self._keeper is not None and self._keeper.lost
+
+    @property
+    def loss(self) -> OwnershipLost | None:
+        """The first reason ownership was lost, or ``None``."""
+        return None if self._keeper is None else self._keeper.loss
+
+    def wait_lost(self, timeout: float | None = None) -> bool:
+        """Block up to ``timeout`` seconds for loss; return whether ownership is lost."""
+        if self._keeper is None:
+            self._never.wait(timeout)
+            return False
+        return self._keeper.wait_lost(timeout)
+
+    def __repr__(self) -> str:
+        return f"LockGuard(acquired={self.acquired}, fencing_token={self.fencing_token}, lost={self.lost})"
+
+
+class AsyncLockGuard:
+    """What an ``async with_lock`` block gets: the latest lease and whether ownership was lost."""
+
+    def __init__(self, keeper: AsyncLeaseKeeper | None) -> None:
+        self._keeper = keeper
+
+    @property
+    def acquired(self) -> bool:
+        """Whether the lock was acquired (``False`` only with ``on_contention="skip"``)."""
+        return self._keeper is not None
+
+    @property
+    def lease(self) -> LockLease | None:
+        """The latest lease, or ``None`` when not acquired."""
+        return None if self._keeper is None else self._keeper.lease
+
+    @property
+    def fencing_token(self) -> int | None:
+        """The lease's fencing token, to pass to whatever the lock protects."""
+        return None if self._keeper is None else self._keeper.lease.fencing_token
+
+    @property
+    def lost(self) -> bool:
+        """Whether ownership was lost."""
+        return self._keeper is not None and self._keeper.lost
+
+    @property
+    def loss(self) -> OwnershipLost | None:
+        """The first reason ownership was lost, or ``None``."""
+        return None if self._keeper is None else self._keeper.loss
+
+    async def wait_lost(self, timeout: float | None = None) -> bool:
+        """Wait up to ``timeout`` seconds for loss; return whether ownership is lost."""
+        if self._keeper is None:
+            await asyncio.sleep(timeout or 0)
+            return False
+        return await self._keeper.wait_lost(timeout)
+
+    def __repr__(self) -> str:
+        return (
+            f"AsyncLockGuard(acquired={self.acquired}, fencing_token={self.fencing_token}, lost={self.lost})"
+        )
+
+
+class LockContext:
+    """The sync context manager returned by ``VolcanoLocks.with_lock``; enter it once.
+
+    Renewal runs on a named daemon thread. With ``interrupt=True``, loss raises ``OwnershipLost`` in the
+    thread that entered the block (``PyThreadState_SetAsyncExc``): it fires between bytecodes, so a
+    body blocked inside one C call (a socket read, ``time.sleep``) sees it only when that call returns.
+    """
+
+    def __init__(
+        self,
+        client: VolcanoLocks,
+        key: str,
+        ttl: int,
+        *,
+        token: str | None,
+        request_id: str | None,
+        on_contention: OnContention,
+        wait_timeout: float | None,
+        interrupt: bool,
+        on_loss: Callable[[OwnershipLost], object] | None,
+    ) -> None:
+        _check_options(key, ttl, token, request_id, on_contention, wait_timeout, on_loss)
+        self._client = client
+        self._key, self._ttl, self._token, self._request_id = key, ttl, token, request_id
+        self._on_contention = on_contention
+        self._wait_timeout = wait_timeout
+        self._interrupt = bool(interrupt)
+        self._on_loss = on_loss
+        self._keeper: LeaseKeeper | None = None
+        self._entered = False
+        self._arm = threading.Lock()
+        self._body_running = False
+        self._interrupted = False
+        self._thread_id = 0
+
+    def _acquire(self) -> LockLease | None:
+        client = self._client
+        if self._on_contention == "wait":
+            return client.wait_acquire(self._key, self._ttl, timeout=self._wait_timeout, token=self._token)
+        try:
+            return client.acquire(self._key, self._ttl, token=self._token, request_id=self._request_id)
+        except LockContention:
+            if self._on_contention == "skip":
+                logger.info("lock is held elsewhere; skipping the block (on_contention='skip')")
+                return None
+            raise
+
+    def __enter__(self) -> LockGuard:
+        if self._entered:
+            raise RuntimeError("a with_lock context can be entered only once; call with_lock() again")
+        self._entered = True
+        lease = self._acquire()
+        if lease is None:
+            return LockGuard(None)
+        timing = KeeperTiming(request_timeout=renewal_timeout(self._client.timeout, lease.ttl))
+        lease = self._ensure_window(lease, timing)
+        self._keeper = LeaseKeeper(lease, self._client._renew_within, timing=timing, on_loss=self._lost)
+        self._thread_id = threading.get_ident()
+        self._body_running = True
+        self._keeper.start()
+        return LockGuard(self._keeper)
+
+    def _ensure_window(self, lease: LockLease, timing: KeeperTiming) -> LockLease:
+        now = time.monotonic()
+        if not _no_window(lease, timing, now):
+            return lease
+        budget = min(timing.request_timeout, lease.local_deadline - timing.margin - now)
+        try:
+            if budget >= timing.min_attempt:
+                lease = self._client._renew_within(lease, budget)
+                if not _no_window(lease, timing, time.monotonic()):
+                    return lease
+        except VolcanoError:
+            self._release_quietly(lease)
+            raise
+        self._release_quietly(lease)
+        raise OwnershipLost(
+            "acquired lease has no safe renewal window; block not entered", code="no_safe_window"
+        )
+
+    def _release_quietly(self, lease: LockLease) -> BaseException | None:
+        try:
+            self._client.release(self._key, lease)
+        except VolcanoError as exc:
+            logger.warning("release after with_lock failed: %s", exc)
+            return exc
+        return None
+
+    def _lost(self, loss: OwnershipLost) -> None:
+        if self._interrupt:
+            with self._arm:
+                if self._body_running and not self._interrupted:
+                    self._interrupted = True
+                    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                        ctypes.c_ulong(self._thread_id), ctypes.py_object(_InterruptedByLoss)
+                    )
+        if self._on_loss is not None:
+            self._on_loss(loss)
+
+    def _disarm(self) -> None:
+        with self._arm:
+            self._body_running = False
+            if self._interrupted:
+                # Clears an interrupt that was sent but has not fired yet: cleanup must not be cut short.
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._thread_id), None)
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> Literal[False]:
+        try:
+            self._disarm()
+        except _InterruptedByLoss:
+            self._disarm()
+        keeper = self._keeper
+        if keeper is None:
+            return False
+        keeper.stop()
+        release_error = self._release_quietly(keeper.lease)
+        loss = keeper.loss
+        if isinstance(exc, _InterruptedByLoss) and loss is not None:
+            raise loss from None
+        if exc is not None:
+            return False
+        if loss is not None:
+            raise loss
+        if release_error is not None:
+            raise release_error
+        return False
+
+
+class AsyncLockContext:
+    """The async context manager returned by ``AsyncVolcanoLocks.with_lock``; enter it once.
+
+    The keeper runs as a named task. On loss the task running the block is cancelled and the
+    ``async with`` raises ``OwnershipLost`` instead of ``CancelledError``; a cancellation that came from
+    elsewhere still propagates as ``CancelledError``. ``interrupt`` is accepted for symmetry with the
+    sync form: the async block is always cancelled on loss.
+    """
+
+    def __init__(
+        self,
+        client: AsyncVolcanoLocks,
+        key: str,
+        ttl: int,
+        *,
+        token: str | None,
+        request_id: str | None,
+        on_contention: OnContention,
+        wait_timeout: float | None,
+        interrupt: bool,
+        on_loss: Callable[[OwnershipLost], object] | None,
+    ) -> None:
+        _check_options(key, ttl, token, request_id, on_contention, wait_timeout, on_loss)
+        del interrupt
+        self._client = client
+        self._key, self._ttl, self._token, self._request_id = key, ttl, token, request_id
+        self._on_contention = on_contention
+        self._wait_timeout = wait_timeout
+        self._on_loss = on_loss
+        self._keeper: AsyncLeaseKeeper | None = None
+        self._entered = False
+        self._task: asyncio.Task[object] | None = None
+        self._body_running = False
+        self._cancelled = False
+
+    async def _acquire(self) -> LockLease | None:
+        client = self._client
+        if self._on_contention == "wait":
+            return await client.wait_acquire(
+                self._key, self._ttl, timeout=self._wait_timeout, token=self._token
+            )
+        try:
+            return await client.acquire(self._key, self._ttl, token=self._token, request_id=self._request_id)
+        except LockContention:
+            if self._on_contention == "skip":
+                logger.info("lock is held elsewhere; skipping the block (on_contention='skip')")
+                return None
+            raise
+
+    async def __aenter__(self) -> AsyncLockGuard:
+        if self._entered:
+            raise RuntimeError("a with_lock context can be entered only once; call with_lock() again")
+        self._entered = True
+        lease = await self._acquire()
+        if lease is None:
+            return AsyncLockGuard(None)
+        timing = KeeperTiming(request_timeout=renewal_timeout(self._client.timeout, lease.ttl))
+        lease = await self._ensure_window(lease, timing)
+        self._task = asyncio.current_task()
+        self._keeper = AsyncLeaseKeeper(lease, self._client._renew_within, timing=timing, on_loss=self._lost)
+        self._keeper.start()
+        self._body_running = True
+        return AsyncLockGuard(self._keeper)
+
+    async def _ensure_window(self, lease: LockLease, timing: KeeperTiming) -> LockLease:
+        now = time.monotonic()
+        if not _no_window(lease, timing, now):
+            return lease
+        budget = min(timing.request_timeout, lease.local_deadline - timing.margin - now)
+        try:
+            if budget >= timing.min_attempt:
+                lease = await self._client._renew_within(lease, budget)
+                if not _no_window(lease, timing, time.monotonic()):
+                    return lease
+        except VolcanoError:
+            await self._release_quietly(lease)
+            raise
+        await self._release_quietly(lease)
+        raise OwnershipLost(
+            "acquired lease has no safe renewal window; block not entered", code="no_safe_window"
+        )
+
+    async def _release_quietly(self, lease: LockLease) -> BaseException | None:
+        try:
+            await self._client.release(self._key, lease)
+        except VolcanoError as exc:
+            logger.warning("release after with_lock failed: %s", exc)
+            return exc
+        return None
+
+    def _lost(self, loss: OwnershipLost) -> None:
+        if self._body_running and not self._cancelled and self._task is not None:
+            self._cancelled = True
+            self._task.cancel(msg="volcano lock ownership lost")
+        if self._on_loss is not None:
+            self._on_loss(loss)
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> Literal[False]:
+        self._body_running = False
+        keeper = self._keeper
+        if keeper is None:
+            return False
+        outer_cancel = False
+        if self._cancelled and self._task is not None:
+            # Our own cancel is withdrawn; any count left means someone else cancelled the task too.
+            outer_cancel = self._task.uncancel() > 0
+        await keeper.stop()
+        release_error = await self._release_quietly(keeper.lease)
+        loss = keeper.loss
+        if (
+            isinstance(exc, asyncio.CancelledError)
+            and self._cancelled
+            and not outer_cancel
+            and loss is not None
+        ):
+            raise loss from None
+        if exc is not None:
+            return False
+        if loss is not None:
+            raise loss
+        if release_error is not None:
+            raise release_error
+        return False
