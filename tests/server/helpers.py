@@ -52,3 +52,17 @@ class Raw:
 
     def force_release(self, lock: str, **kw: Any) -> httpx.Response:
         return self.http.delete(f"/locks/{lock}", headers=self.headers(**kw))
+
+
+def with_schema(dsn: str, schema: str) -> str:
+    """Add the server's `schema=` parameter to a PostgreSQL DSN."""
+    return f"{dsn}{'&' if '?' in dsn else '?'}schema={schema}"
+
+
+def drop_schema(dsn: str, schema: str) -> None:
+    """Drop a test schema and everything in it."""
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))

@@ -407,6 +407,8 @@ def build_server(host: str, port: int, app: LockApp) -> LockHTTPServer:
 
 def serve_in_thread(server: LockHTTPServer) -> threading.Thread:
     """Run `server.serve_forever()` on a daemon thread and return the thread."""
-    thread = threading.Thread(target=server.serve_forever, name="volcano-locks-http", daemon=True)
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="volcano-locks-http", daemon=True
+    )
     thread.start()
     return thread

@@ -13,7 +13,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TextIO
 
-from .app import LockApp, LockHTTPServer, build_server
+from .app import LockApp, LockHTTPServer, build_server, serve_in_thread
 from .auth import Authenticator, check_secret, mint_key
 from .clock import Clock, system_clock
 from .faults import FaultInjector
@@ -121,8 +121,7 @@ def serve(config: ServeConfig, out: TextIO = sys.stdout) -> int:
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
-        thread = threading.Thread(target=httpd.serve_forever, name="volcano-locks-http", daemon=True)
-        thread.start()
+        thread = serve_in_thread(httpd)
         shown_db = db if "://" not in db else db.split("@")[-1]
         print(f"Volcano locks server on {httpd.url} (db: {shown_db}, project: local)", file=out)
         if config.faults:
@@ -133,7 +132,7 @@ def serve(config: ServeConfig, out: TextIO = sys.stdout) -> int:
         print(f"VOLCANO_ANON_KEY={mint_key(secret, 'local', 'anon')}", file=out)
         print(f"VOLCANO_SERVICE_KEY={mint_key(secret, 'local', 'service')}", file=out)
         print("ready", file=out, flush=True)
-        while not stop.wait(0.5):
+        while not stop.wait(0.2):
             if not thread.is_alive():
                 log.error("the HTTP server thread died")
                 return 1

@@ -72,6 +72,8 @@ def parse_ttl_body(body: bytes) -> int:
         raise ApiError(400, "invalid_body", 'missing JSON body {"ttl_seconds": N}')
     try:
         doc = json.loads(body.decode("utf-8"), parse_constant=_reject_constant)
+    except RecursionError:
+        raise ApiError(400, "invalid_body", "body is not valid JSON: nested too deeply") from None
     except (UnicodeDecodeError, ValueError) as exc:
         raise ApiError(400, "invalid_body", f"body is not valid JSON: {exc}") from None
     if not isinstance(doc, dict):
