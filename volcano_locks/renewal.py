@@ -193,7 +193,8 @@ class RenewalSchedule:
 
     def _window_exhausted(self) -> OwnershipLost:
         err = self._last_error
-        detail = f" after {self._failures} failed renewal(s); last: {err}" if err is not None else ""
+        last = err.message if isinstance(err, VolcanoError) else type(err).__name__
+        detail = f" after {self._failures} failed renewal(s); last: {last}" if err is not None else ""
         return _local_loss(f"safe renewal window ran out{detail}", LOSS_WINDOW_EXHAUSTED, err)
 
     def succeeded(self, lease: LockLease, now: float) -> None:
