@@ -1,0 +1,189 @@
+"""wait_acquire: the sleep policy, timeouts, Retry-After, recovery, and the shared per-key poll."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from volcano_locks import AsyncVolcanoLocks, InvalidRequest, LockState, RateLimited, VolcanoLocks, WaitTimeout
+from volcano_locks.server.harness import LocalServer
+from volcano_locks.waiting import FLOOR, SharedPolls, _round, _Shared, _Waiter, poll_delay
+
+NOW = datetime(2026, 11, 29, 10, 0, 0, tzinfo=UTC)
+
+
+def held_until(seconds: float) -> LockState:
+    return LockState(True, NOW + timedelta(seconds=seconds), 3)
+
+
+# ------------------------------------------------------------------------------------------ policy
+
+
+@pytest.mark.parametrize("draw", [0.0, 0.5, 0.9999])
+def test_poll_is_jittered_within_twenty_percent(draw: float) -> None:
+    assert 0.8 * 5 <= poll_delay(None, poll=5, now=NOW, draw=draw) <= 1.2 * 5
+
+
+def test_never_longer_than_expiry_plus_grace() -> None:
+    assert poll_delay(held_until(2.0), poll=30, now=NOW, draw=0.0) == pytest.approx(3.0)
+    assert poll_delay(held_until(2.0), poll=30, now=NOW, draw=0.9999) == pytest.approx(3.2, abs=1e-3)
+    assert poll_delay(held_until(60.0), poll=1, now=NOW, draw=0.5) == pytest.approx(1.0)
+
+
+def test_never_less_than_the_floor() -> None:
+    assert poll_delay(held_until(-10.0), poll=1, now=NOW, draw=0.5) == FLOOR
+    assert poll_delay(None, poll=0.01, now=NOW, draw=0.5) == FLOOR
+
+
+def test_retry_after_is_used_exactly() -> None:
+    shared = _Shared(turn=None)
+    waiter = _Waiter("k", 30, str(uuid.uuid4()), 1.0, None, direct=False)
+    flow = _round(shared, waiter)
+    assert next(flow) == "get"
+    before = time.monotonic()
+    with pytest.raises(StopIteration):
+        flow.send(RateLimited("slow", status=429, retry_after=7.0))
+    assert shared.next_check_at - before == pytest.approx(7.0, abs=0.05)
+
+
+def test_bad_arguments(volcano_server: LocalServer) -> None:
+    with VolcanoLocks(volcano_server.url, service_key=volcano_server.service_key) as client:
+        for kwargs in ({"timeout": -1}, {"poll": 0}, {"poll": True}, {"token": "x"}):
+            with pytest.raises(InvalidRequest):
+                client.wait_acquire("k", 30, **kwargs)  # type: ignore[arg-type]
+        assert client.requests_sent == 0
+
+
+# ------------------------------------------------------------------------------------------ against the server
+
+
+def test_waits_for_expiry_then_acquires(volcano_server: LocalServer, unique_key: str) -> None:
+    with VolcanoLocks(volcano_server.url, service_key=volcano_server.service_key) as client:
+        holder = client.acquire(unique_key, 5)  # never renewed: lapses after 5 s (+1 s grace)
+        lease = client.wait_acquire(unique_key, 30, timeout=20, poll=2.0)
+        assert lease.fencing_token > holder.fencing_token
+        assert client.requests_sent <= 12  # one look per ~2 s or at expiry + grace, not a busy loop
+        client.release(unique_key, lease)
+
+
+def test_timeout_reports_the_holder(volcano_server: LocalServer, unique_key: str) -> None:
+    with VolcanoLocks(volcano_server.url, service_key=volcano_server.service_key) as client:
+        holder = client.acquire(unique_key, 30)
+        with pytest.raises(WaitTimeout) as info:
+            client.wait_acquire(unique_key, 30, timeout=1.0, poll=0.3)
+        assert info.value.holder is not None and info.value.holder.fencing_token == holder.fencing_token
+        with pytest.raises(WaitTimeout):
+            client.wait_acquire(unique_key, 30, timeout=0)  # one try, then give up
+        client.release(unique_key, holder)
+    assert SharedPolls.active() == 0
+
+
+def test_uncertain_acquisition_in_a_wait_is_recovered(admin_server: LocalServer, unique_key: str) -> None:
+    with VolcanoLocks(admin_server.url, service_key=admin_server.service_key) as client:
+        admin_server.set_faults("drop:count=2:op=acquire:when=after")
+        lease = client.wait_acquire(unique_key, 30, timeout=10, poll=0.3)
+        assert client.get(unique_key).fencing_token == lease.fencing_token  # the same lease, not a new one
+        client.release(unique_key, lease)
+
+
+def _gets(server: LocalServer, key: str) -> int:
+    return sum(1 for r in server.requests() if r["op"] == "get" and r["path"] == f"/locks/{key}")
+
+
+async def test_async_waiters_share_one_poll(volcano_server: LocalServer, unique_key: str) -> None:
+    url, key = volcano_server.url, volcano_server.service_key
+    async with AsyncVolcanoLocks(url, service_key=key) as holder_client:
+        holder = await holder_client.acquire(unique_key, 30)
+        clients = [AsyncVolcanoLocks(url, service_key=key) for _ in range(5)]  # like 5 triggers, 5 clients
+        order: list[int] = []
+
+        async def waiter(c: AsyncVolcanoLocks) -> None:
+            lease = await c.wait_acquire(unique_key, 30, timeout=30, poll=0.5)
+            order.append(lease.fencing_token)
+            await c.release(unique_key, lease)
+
+        start = time.monotonic()
+        tasks = [asyncio.create_task(waiter(c)) for c in clients]
+        await asyncio.sleep(2.0)
+        assert SharedPolls.active() >= 1
+        gets_while_held = _gets(volcano_server, unique_key)
+        await holder_client.release(unique_key, holder)
+        await asyncio.gather(*tasks)
+        elapsed = time.monotonic() - start
+        for c in clients:
+            await c.aclose()
+    assert sorted(order) == order and len(set(order)) == 5
+    # One look per ~0.5 s for all five waiters together (five separate pollers would send ~5x).
+    assert gets_while_held <= 2.0 / (0.8 * 0.5) + 2
+    assert _gets(volcano_server, unique_key) <= elapsed / (0.8 * 0.5) + 6
+    assert SharedPolls.active() == 0
+
+
+def test_threads_share_one_poll(volcano_server: LocalServer, unique_key: str) -> None:
+    url, key = volcano_server.url, volcano_server.service_key
+    with VolcanoLocks(url, service_key=key) as holder_client:
+        holder = holder_client.acquire(unique_key, 30)
+        tokens: list[int] = []
+
+        def waiter() -> None:
+            with VolcanoLocks(url, service_key=key) as c:
+                lease = c.wait_acquire(unique_key, 30, timeout=30, poll=0.5)
+                tokens.append(lease.fencing_token)
+                c.release(unique_key, lease)
+
+        threads = [threading.Thread(target=waiter) for _ in range(4)]
+        for t in threads:
+            t.start()
+        time.sleep(2.0)
+        gets_while_held = _gets(volcano_server, unique_key)
+        holder_client.release(unique_key, holder)
+        for t in threads:
+            t.join(30)
+    assert len(set(tokens)) == 4
+    assert gets_while_held <= 2.0 / (0.8 * 0.5) + 2
+
+
+async def test_unrelated_credentials_do_not_share(volcano_server: LocalServer, unique_key: str) -> None:
+    scoped = volcano_server.mint_key(permissions=["locks.manage"])  # same project, another credential
+    async with (
+        AsyncVolcanoLocks(volcano_server.url, service_key=volcano_server.service_key) as a,
+        AsyncVolcanoLocks(volcano_server.url, service_key=scoped) as b,
+    ):
+        holder = await a.acquire(unique_key, 30)
+        waits = [asyncio.create_task(c.wait_acquire(unique_key, 30, timeout=1.5, poll=0.5)) for c in (a, b)]
+        await asyncio.sleep(0.3)
+        assert SharedPolls.active() == 2
+        for w in waits:
+            with pytest.raises(WaitTimeout):
+                await w
+        await a.release(unique_key, holder)
+    assert SharedPolls.active() == 0
+
+
+async def test_wait_is_cancellable(volcano_server: LocalServer, unique_key: str) -> None:
+    async with AsyncVolcanoLocks(volcano_server.url, service_key=volcano_server.service_key) as client:
+        holder = await client.acquire(unique_key, 30)
+        task = asyncio.create_task(client.wait_acquire(unique_key, 30, timeout=None))
+        await asyncio.sleep(0.3)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert SharedPolls.active() == 0
+        await client.release(unique_key, holder)
+
+
+def test_requests_sent_counts_waiting(volcano_server: LocalServer, unique_key: str) -> None:
+    with VolcanoLocks(volcano_server.url, service_key=volcano_server.service_key) as client:
+        holder = client.acquire(unique_key, 30)
+        before = client.requests_sent
+        with pytest.raises(WaitTimeout):
+            client.wait_acquire(unique_key, 30, timeout=1.2, poll=0.4)
+        spent: Any = client.requests_sent - before
+        assert 2 <= spent <= 6  # the first acquire plus one look per ~0.4 s
+        client.release(unique_key, holder)
