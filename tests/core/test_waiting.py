@@ -60,7 +60,7 @@ def test_bad_arguments(volcano_server: LocalServer) -> None:
         assert client.requests_sent == 0
 
 
-# ------------------------------------------------------------------------------------------ against the server
+# ------------------------------------------------------------------------------- against the server
 
 
 def test_waits_for_expiry_then_acquires(volcano_server: LocalServer, unique_key: str) -> None:
