@@ -8,6 +8,8 @@ import os
 import sys
 from collections.abc import Sequence
 
+from .cli_ops import add_ops_commands
+
 __all__ = ["build_parser", "main"]
 
 
@@ -139,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_serve(sub)
     _add_keys(sub)
+    add_ops_commands(sub)
     return parser
 
 

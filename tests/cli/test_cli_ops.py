@@ -1,0 +1,166 @@
+"""`volcano-locks get / force-release / quota` against the real local server, run as a real subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from volcano_locks import VolcanoLocks
+from volcano_locks.server.auth import mint_key
+from volcano_locks.server.harness import LocalServer
+
+
+def run_cli(*args: str, env: dict[str, str], stdin_fd: int | None = None) -> subprocess.CompletedProcess[str]:
+    """Run `python -m volcano_locks ...` with exactly the given VOLCANO_* environment."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("VOLCANO_")}
+    return subprocess.run(
+        [sys.executable, "-m", "volcano_locks", *args],
+        env={**base, **env},
+        stdin=stdin_fd if stdin_fd is not None else subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.fixture
+def client(volcano_server: LocalServer) -> Iterator[VolcanoLocks]:
+    with VolcanoLocks(api_url=volcano_server.url, service_key=volcano_server.service_key) as c:
+        yield c
+
+
+def assert_no_secret(result: subprocess.CompletedProcess[str], *secrets: str) -> None:
+    for secret in secrets:
+        assert secret not in result.stdout and secret not in result.stderr
+
+
+def test_get_free_lock(volcano_server: LocalServer, unique_key: str) -> None:
+    result = run_cli("get", unique_key, env=volcano_server.env())
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"{unique_key}: free (an acquire would succeed now)"
+
+
+def test_get_held_lock_shows_token_and_countdown(
+    volcano_server: LocalServer, client: VolcanoLocks, unique_key: str
+) -> None:
+    lease = client.acquire(unique_key, 60)
+    try:
+        result = run_cli("get", unique_key, env=volcano_server.env())
+        assert result.returncode == 0, result.stderr
+        assert f"{unique_key}: held" in result.stdout
+        assert f"fencing token  {lease.fencing_token}" in result.stdout
+        assert "(in " in result.stdout and " s)" in result.stdout
+        assert_no_secret(result, lease.token, volcano_server.service_key)
+
+        as_json = run_cli("get", unique_key, "--json", env=volcano_server.env())
+        body = json.loads(as_json.stdout)
+        assert body["held"] is True and body["fencing_token"] == lease.fencing_token
+        assert body["key"] == unique_key and body["expires_at"].startswith(str(lease.expires_at.year))
+    finally:
+        client.release(unique_key, lease)
+
+
+def test_force_release_with_yes_frees_the_lock_and_warns(
+    volcano_server: LocalServer, client: VolcanoLocks, unique_key: str
+) -> None:
+    lease = client.acquire(unique_key, 60)
+    result = run_cli("force-release", unique_key, "--yes", env=volcano_server.env())
+    assert result.returncode == 0, result.stderr
+    assert "fencing tokens" in result.stderr  # the safety warning is always printed
+    assert client.get(unique_key).held is False
+    assert_no_secret(result, lease.token, volcano_server.service_key)
+
+
+def test_force_release_without_terminal_or_yes_changes_nothing(
+    volcano_server: LocalServer, client: VolcanoLocks, unique_key: str
+) -> None:
+    lease = client.acquire(unique_key, 60)
+    try:
+        result = run_cli("force-release", unique_key, env=volcano_server.env())
+        assert result.returncode == 1
+        assert "--yes" in result.stderr
+        assert client.get(unique_key).held is True
+    finally:
+        client.release(unique_key, lease)
+
+
+@pytest.mark.parametrize(("answer", "released"), [("wrong-key", False), (None, True)])
+def test_force_release_confirmation_on_a_terminal(
+    volcano_server: LocalServer, client: VolcanoLocks, unique_key: str, answer: str | None, released: bool
+) -> None:
+    lease = client.acquire(unique_key, 60)
+    master, slave = os.openpty()
+    try:
+        os.write(master, f"{answer or unique_key}\n".encode())
+        result = run_cli("force-release", unique_key, env=volcano_server.env(), stdin_fd=slave)
+        assert result.returncode == (0 if released else 1), result.stderr
+        assert client.get(unique_key).held is not released
+    finally:
+        os.close(master)
+        os.close(slave)
+        if not released:
+            client.release(unique_key, lease)
+
+
+def test_missing_settings_are_usage_errors(volcano_server: LocalServer) -> None:
+    no_url = run_cli("get", "k", env={"VOLCANO_SERVICE_KEY": volcano_server.service_key})
+    assert no_url.returncode == 2 and "VOLCANO_API_URL" in no_url.stderr
+    no_key = run_cli("get", "k", env={"VOLCANO_API_URL": volcano_server.url})
+    assert no_key.returncode == 2 and "VOLCANO_SERVICE_KEY" in no_key.stderr
+
+
+def test_bad_url_and_bad_lock_key_are_usage_errors(volcano_server: LocalServer) -> None:
+    bad_url = run_cli("get", "k", env={**volcano_server.env(), "VOLCANO_API_URL": "not-a-url"})
+    assert bad_url.returncode == 2 and "not-a-url" in bad_url.stderr
+    bad_key = run_cli("get", "a/b", env=volcano_server.env())
+    assert bad_key.returncode == 2 and "a/b" in bad_key.stderr
+
+
+def test_unreachable_server(volcano_server: LocalServer, tmp_path: Path) -> None:
+    with LocalServer(db=str(tmp_path / "gone.sqlite3")) as gone:
+        env = gone.env()
+    result = run_cli("get", "k", "--timeout", "2", env=env)
+    assert result.returncode == 4
+    assert "no response" in result.stderr
+
+
+def test_refused_keys(volcano_server: LocalServer) -> None:
+    anon = run_cli("get", "k", env={**volcano_server.env(), "VOLCANO_SERVICE_KEY": volcano_server.anon_key})
+    assert anon.returncode == 3 and "403" in anon.stderr
+    forged = mint_key("a-different-secret-of-at-least-32-bytes", "local", "service", None, None)
+    bad = run_cli("get", "k", env={**volcano_server.env(), "VOLCANO_SERVICE_KEY": forged})
+    assert bad.returncode == 3 and "401" in bad.stderr
+    assert_no_secret(bad, forged)
+
+
+def test_rate_limited(tmp_path: Path) -> None:
+    # Quota 1 a minute: of three calls at least two share a clock minute, so one must be refused.
+    with LocalServer(db=str(tmp_path / "quota.sqlite3"), quota=1) as small:
+        results = [run_cli("get", "k", env=small.env()) for _ in range(3)]
+    assert results[0].returncode == 0, results[0].stderr
+    refused = [r for r in results if r.returncode != 0]
+    assert refused, "a quota of 1 a minute let three requests through"
+    result = refused[0]
+    assert result.returncode == 5
+    assert "429" in result.stderr and "retry after" in result.stderr
+
+
+def test_quota_table_matches_the_contract() -> None:
+    result = run_cli("quota", "--holders", "150", env={})
+    assert result.returncode == 0
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert rows == ["| 10 | 18.00 | 33 |", "| 30 | 6.00 | 100 |", "| 60 | 3.00 | 200 |"]
+    assert "150 holders need a TTL of at least 45 s" in result.stdout
+
+
+def test_quota_rejects_bad_numbers() -> None:
+    result = run_cli("quota", "--ttl", "4", env={})
+    assert result.returncode == 2 and "4" in result.stderr
+    result = run_cli("quota", "--reserve", "600", env={})
+    assert result.returncode == 2 and "reserve" in result.stderr

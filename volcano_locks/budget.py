@@ -1,0 +1,48 @@
+"""The project's lock-request budget: what holders and waiters cost within Volcano's quota.
+
+Every lock request counts against a fixed window of 600 requests a minute per project. A holder that
+renews at a third of its TTL spends ``180 / ttl`` requests a minute, so the TTL decides how many holders
+a project can keep alive at once. These are the contract's own figures, written once for the CLI and docs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["DEFAULT_QUOTA", "HolderBudget", "holder_budget", "renewals_per_minute"]
+
+DEFAULT_QUOTA = 600
+"""Volcano's lock requests per project per one-minute window."""
+
+
+def renewals_per_minute(ttl: int) -> float:
+    """Requests a minute one holder spends renewing at a third of ``ttl`` seconds."""
+    if isinstance(ttl, bool) or not isinstance(ttl, int) or ttl < 5:
+        raise ValueError(f"ttl must be an integer number of seconds >= 5, got {ttl!r}")
+    return 180 / ttl
+
+
+@dataclass(frozen=True)
+class HolderBudget:
+    """How many concurrent holders a TTL supports within a quota, after a reserve for other requests."""
+
+    ttl: int
+    renewals_per_minute: float
+    quota: int
+    reserve: int
+    holders: int
+
+
+def holder_budget(ttl: int, *, quota: int = DEFAULT_QUOTA, reserve: int = 0) -> HolderBudget:
+    """Return the holders that ``ttl`` supports, keeping ``reserve`` requests a minute for reads and waits."""
+    if isinstance(quota, bool) or not isinstance(quota, int) or quota < 1:
+        raise ValueError(f"quota must be a positive integer, got {quota!r}")
+    if isinstance(reserve, bool) or not isinstance(reserve, int) or not 0 <= reserve < quota:
+        raise ValueError(f"reserve must be an integer from 0 to {quota - 1}, got {reserve!r}")
+    per_holder = renewals_per_minute(ttl)
+    # Floor, with a small tolerance so that exact quotients (600 / 18 = 33.33.., 600 / 6 = 100) are not
+    # pushed down by binary rounding.
+    holders = int((quota - reserve) / per_holder + 1e-9)
+    return HolderBudget(
+        ttl=ttl, renewals_per_minute=per_holder, quota=quota, reserve=reserve, holders=holders
+    )
