@@ -115,6 +115,8 @@ class Report:
     crashes: int = 0
     sections: int = 0
     rejected: int = 0
+    losses: int = 0
+    errors: int = 0
     server_kills: int = 0
     takeovers: list[Takeover] = field(default_factory=list)
     stops: list[StopOutcome] = field(default_factory=list)
@@ -135,7 +137,8 @@ class Report:
         hit = [s for s in self.stops if s.hit_section]
         takeover_text = ",".join(f"{s:.2f}" for s in took) or "-"
         return (
-            f"chaos-detail: sections={self.sections} rejected_writes={self.rejected} "
+            f"chaos-detail: sections={self.sections} losses={self.losses} op_errors={self.errors} "
+            f"rejected_writes={self.rejected} "
             f"server_kills={self.server_kills} "
             f"holder_kills={len(self.takeovers)} takeover_s=[{takeover_text}] (bound {bound:.1f}) "
             f"slow_takeovers={sum(t.slow for t in self.takeovers)} "
@@ -157,6 +160,8 @@ class Report:
             hangs=self.hangs + other.hangs,
             crashes=self.crashes + other.crashes,
             sections=self.sections + other.sections,
+            losses=self.losses + other.losses,
+            errors=self.errors + other.errors,
             rejected=self.rejected + other.rejected,
             server_kills=self.server_kills + other.server_kills,
             takeovers=self.takeovers + other.takeovers,
@@ -250,6 +255,7 @@ def check(
     Returns:
         The report; ``report.line()`` is the one-line summary.
     """
+    events = list(events)
     faults = sorted(faults, key=lambda f: f["mono"])
     sections = sections_from_events(events, faults)
     rows = sorted(writes, key=lambda w: w["seq"])
@@ -289,6 +295,10 @@ def check(
             dl = sec.end_deadline if sec.end_deadline is not None else sec.deadline
             if sec.end > dl and not _excused(sec, dl, sec.end, windows):
                 report.late_losses += 1
+
+    # Losses the guards reported; lock calls that failed (acquisition or release) after any retry.
+    report.losses = sum(s.reported_loss() for s in sections)
+    report.errors = sum(1 for e in events if e["ev"] == "outcome" and e.get("result") == "error")
 
     # Handovers.
     report.handovers = max(0, len({s.token for s in sections}) - 1)

@@ -113,7 +113,9 @@ class SqliteStore:
             )
             self._db.execute("COMMIT")
         except BaseException:
-            self._db.execute("ROLLBACK")
+            # An interrupt may land after COMMIT returned: then there is nothing left to roll back.
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
             raise
         return accepted
 

@@ -75,6 +75,7 @@ class _Worker:
     server: int
     proc: subprocess.Popen[bytes]
     log: Path
+    interrupt: bool = False
     expected_dead: bool = False
     stopped: bool = False
 
@@ -132,12 +133,15 @@ class ChaosRun:
             "--store", self._store_url(), "--table", self.table, "--log", str(log),
             "--server", str(server), "--seed", str(self.cfg.seed * 1000 + n),
         ]  # fmt: skip
+        interrupt = n % 2 == 1
+        if interrupt:
+            cmd.append("--interrupt")  # half the workers have loss raised into their body
         out = open(self.cfg.workdir / f"{name}.out", "wb")  # noqa: SIM115 - the child keeps it
         proc = subprocess.Popen(
             cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
         )
         out.close()
-        w = _Worker(name, server, proc, log)
+        w = _Worker(name, server, proc, log, interrupt)
         self.workers.append(w)
         return w
 
@@ -171,12 +175,15 @@ class ChaosRun:
                 return True
         return False
 
-    def _wait_for_holder(self, timeout: float) -> _Worker | None:
-        end = time.monotonic() + timeout
+    def _wait_for_holder(self, timeout: float, *, prefer_plain: bool = False) -> _Worker | None:
+        """A current holder; ``prefer_plain``: one without interrupt=True if one holds soon enough."""
+        start = time.monotonic()
+        end = start + timeout
         while time.monotonic() < end:
             holders = self._holders()
-            if holders:
-                return holders[0]
+            plain = [w for w in holders if not w.interrupt]
+            if plain or (holders and not (prefer_plain and time.monotonic() < start + timeout * 2 / 3)):
+                return (plain or holders)[0]
             self._tick()
             time.sleep(0.05)
         return None
@@ -227,7 +234,8 @@ class ChaosRun:
 
     def _worker_stop(self, duration: float) -> None:
         for _ in range(20):
-            w = self._wait_for_holder(10.0)
+            # A body without interrupt=True keeps running after SIGCONT, so its late write shows fencing.
+            w = self._wait_for_holder(15.0, prefer_plain=True)
             if w is None:
                 break
             w.proc.send_signal(signal.SIGSTOP)

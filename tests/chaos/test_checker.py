@@ -233,6 +233,26 @@ def test_stop_of_a_holder_whose_guard_stays_silent_is_visible() -> None:
     assert not stop.loss_reported
 
 
+def test_losses_and_failed_calls_are_counted_for_the_details() -> None:
+    log = clean_run()
+    log.section("w2", 0, 13, 107.0, 109.0, lost_at=108.0, end_lost=True)
+    log.events.append(
+        {
+            "ev": "outcome",
+            "worker": "w3",
+            "pid": 1,
+            "mono": 110.0,
+            "wall": 0.0,
+            "cs": None,
+            "result": "error",
+            "error": "Unavailable",
+        }
+    )
+    report = log.check()
+    assert (report.losses, report.errors) == (1, 1)
+    assert "losses=1 op_errors=1" in report.detail_line()
+
+
 def test_reports_add_up() -> None:
     total = clean_run().check() + clean_run().check()
     assert (total.handovers, total.writes) == (4, 6)

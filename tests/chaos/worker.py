@@ -18,6 +18,7 @@ the lock is interrupted (the wait must be cancellable) and leaves.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
 import signal
 import sys
@@ -47,6 +48,7 @@ class _Flags:
     stop = False
     continued = False
     waiting = False
+    in_write = False
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -64,6 +66,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--think", type=float, nargs=2, default=(0.05, 0.4), metavar=("MIN", "MAX"))
     p.add_argument("--timeout", type=float, default=1.5, help="the client's per-request timeout")
     p.add_argument("--wait-timeout", type=float, default=60.0)
+    p.add_argument(
+        "--interrupt", action="store_true", help="with_lock(interrupt=True): loss raises in the body"
+    )
     return p.parse_args(argv)
 
 
@@ -73,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     flags = _Flags()
     rng = random.Random(args.seed)
     log = EventLog(args.log, args.name)
-    store = open_store(args.store, args.table)
+    stores = [open_store(args.store, args.table)]
 
     def on_term(signum: int, frame: FrameType | None) -> None:
         flags.stop = True
@@ -112,12 +117,17 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 flags.waiting = True
                 with client.with_lock(
-                    args.key, args.ttl, on_contention="wait", wait_timeout=args.wait_timeout, on_loss=on_loss
+                    args.key,
+                    args.ttl,
+                    on_contention="wait",
+                    wait_timeout=args.wait_timeout,
+                    interrupt=args.interrupt,
+                    on_loss=on_loss,
                 ) as guard:
                     flags.waiting = False
                     entered = True
                     current["guard"] = guard
-                    _body(guard, args, cs, rng, flags, log, store)
+                    _body(guard, args, cs, rng, flags, log, stores[0])
                 flags.waiting = False
                 log.emit("outcome", cs=cs, result="released", error=None)
             except _Stop:
@@ -125,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
             except OwnershipLost as exc:
                 flags.waiting = False
                 log.emit("outcome", cs=cs if entered else None, result="lost", error=type(exc).__name__)
+                if flags.in_write:
+                    stores[0] = _reopen(stores[0], args, flags)
             except LockContention as exc:  # WaitTimeout
                 flags.waiting = False
                 log.emit("outcome", cs=None, result="contention", error=type(exc).__name__)
@@ -139,15 +151,30 @@ def main(argv: list[str] | None = None) -> int:
                     code=exc.code,
                 )
                 time.sleep(rng.uniform(0.1, 0.5))
+            except Exception as exc:
+                if not (flags.in_write and args.interrupt):
+                    raise
+                # OwnershipLost landed inside the database driver and surfaced as its own error.
+                log.emit("outcome", cs=cs, result="lost", error=type(exc).__name__)
+                stores[0] = _reopen(stores[0], args, flags)
             if not flags.stop:
                 time.sleep(rng.uniform(*args.think))
     except _Stop:
         pass
     log.emit("exit")
     client.close()
-    store.close()
+    stores[0].close()
     log.close()
     return 0
+
+
+def _reopen(store: Any, args: argparse.Namespace, flags: _Flags) -> Any:
+    """Interrupted inside a write: the transaction was rolled back, but the connection may have been cut
+    mid-protocol, so start afresh."""
+    flags.in_write = False
+    with contextlib.suppress(Exception):
+        store.close()
+    return open_store(args.store, args.table)
 
 
 def _body(
@@ -165,27 +192,40 @@ def _body(
     flags.continued = False
     until = time.monotonic() + rng.uniform(*args.hold)
     n = 0
-    while True:
-        before = time.monotonic()
-        time.sleep(args.interval)
-        # Frozen in between? The SIGCONT flag alone can lose a race with the sleep returning (the signal
-        # may land on the keeper thread), so a jump of the shared monotonic clock counts too.
-        late = flags.continued or time.monotonic() - before > args.interval + FROZEN_JUMP
-        flags.continued = False
-        lost = guard.lost
-        if not late and (lost or flags.stop or time.monotonic() >= until):
-            break
-        accepted = store.write(token, f"{args.name}:{cs}:{n}", writer=args.name, cs=cs, late=late)
+    try:
+        while True:
+            before = time.monotonic()
+            time.sleep(args.interval)
+            # Frozen in between? The SIGCONT flag alone can lose a race with the sleep returning (the signal
+            # may land on the keeper thread), so a jump of the shared monotonic clock counts too.
+            late = flags.continued or time.monotonic() - before > args.interval + FROZEN_JUMP
+            flags.continued = False
+            lost = guard.lost
+            if not late and (lost or flags.stop or time.monotonic() >= until):
+                break
+            flags.in_write = True
+            accepted = store.write(token, f"{args.name}:{cs}:{n}", writer=args.name, cs=cs, late=late)
+            flags.in_write = False
+            log.emit(
+                "write",
+                cs=cs,
+                token=token,
+                accepted=accepted,
+                deadline=guard.lease.local_deadline,
+                lost=lost,
+                late=late,
+            )
+            n += 1
+    except Exception as exc:  # interrupt=True: the keeper raised OwnershipLost into this thread
         log.emit(
-            "write",
+            "end",
             cs=cs,
             token=token,
-            accepted=accepted,
             deadline=guard.lease.local_deadline,
-            lost=lost,
-            late=late,
+            lost=guard.lost,
+            interrupted=type(exc).__name__,
         )
-        n += 1
+        raise
     log.emit("end", cs=cs, token=token, deadline=guard.lease.local_deadline, lost=guard.lost)
 
 
