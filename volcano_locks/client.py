@@ -210,7 +210,25 @@ class VolcanoLocks(_Base):
         interrupt: bool = False,
         on_loss: Callable[[OwnershipLost], object] | None = None,
     ) -> LockContext:
-        """Hold ``key`` for a ``with`` block, renewing in the background (see ``guard.LockContext``)."""
+        """Hold ``key`` for a ``with`` block, renewing in the background; yields a :class:`LockGuard`.
+
+        Args:
+            key: The lock key.
+            ttl: Lease TTL in seconds; renewed about every ``ttl / 3``.
+            token: Ownership token (UUID) for the acquisition; generated when ``None``.
+            request_id: Request id (UUID) for the acquisition only; renewals and release use fresh ones.
+            on_contention: ``"raise"`` (``LockContention``), ``"wait"`` (``wait_acquire`` up to
+                ``wait_timeout``, then ``WaitTimeout``) or ``"skip"`` (``guard.acquired`` is ``False``).
+            wait_timeout: Bound for ``on_contention="wait"`` (``None``: no bound).
+            interrupt: Raise ``OwnershipLost`` in the thread running the block when loss is detected
+                (between bytecodes: a blocking C call finishes first).
+            on_loss: Called once, from the keeper thread, with the ``OwnershipLost``.
+
+        On exit the keeper is stopped and the latest lease released. The block's exception wins; else
+        a renewal failure is raised after cleanup; else a release failure. A fresh lease with no safe
+        renewal window left is renewed before the block is entered, or released with ``OwnershipLost``
+        (code ``no_safe_window``) and the block is not entered.
+        """
         return LockContext(
             self,
             key,
@@ -338,7 +356,13 @@ class AsyncVolcanoLocks(_Base):
         interrupt: bool = False,
         on_loss: Callable[[OwnershipLost], object] | None = None,
     ) -> AsyncLockContext:
-        """Hold ``key`` for an ``async with`` block; loss cancels it and raises ``OwnershipLost``."""
+        """Hold ``key`` for an ``async with`` block; yields an :class:`AsyncLockGuard`.
+
+        Same arguments as :meth:`VolcanoLocks.with_lock`. The keeper runs as a task named
+        ``volcano-lock-keeper:<key>``; on loss the task running the block is cancelled and ``OwnershipLost``
+        (not ``CancelledError``) leaves the ``async with``, whatever ``interrupt`` says. A cancellation
+        from elsewhere still propagates as ``CancelledError`` after the lease is released.
+        """
         return AsyncLockContext(
             self,
             key,

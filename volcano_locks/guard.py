@@ -32,6 +32,7 @@ from volcano_locks.renewal import (
     renewal_timeout,
     safe_window_end,
 )
+from volcano_locks.waiting import async_wait_acquire, wait_acquire
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -213,7 +214,14 @@ class LockContext:
     def _acquire(self) -> LockLease | None:
         client = self._client
         if self._on_contention == "wait":
-            return client.wait_acquire(self._key, self._ttl, timeout=self._wait_timeout, token=self._token)
+            return wait_acquire(
+                client,
+                self._key,
+                self._ttl,
+                timeout=self._wait_timeout,
+                token=self._token,
+                request_id=self._request_id,
+            )
         try:
             return client.acquire(self._key, self._ttl, token=self._token, request_id=self._request_id)
         except LockContention:
@@ -343,8 +351,13 @@ class AsyncLockContext:
     async def _acquire(self) -> LockLease | None:
         client = self._client
         if self._on_contention == "wait":
-            return await client.wait_acquire(
-                self._key, self._ttl, timeout=self._wait_timeout, token=self._token
+            return await async_wait_acquire(
+                client,
+                self._key,
+                self._ttl,
+                timeout=self._wait_timeout,
+                token=self._token,
+                request_id=self._request_id,
             )
         try:
             return await client.acquire(self._key, self._ttl, token=self._token, request_id=self._request_id)

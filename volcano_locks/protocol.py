@@ -315,8 +315,11 @@ def error_from_reply(call: Call, reply: Reply, secrets: tuple[str, ...] = ()) ->
         )
     if 500 <= status < 600:
         return ServerError(text, status=status, code=code, request_id=call.request_id)
+    hint = (
+        " (is the API URL the Volcano API's base URL?)" if status in (404, 405) or 300 <= status < 400 else ""
+    )
     return ProtocolError(
-        f"{call.op}: unexpected status {status}", status=status, code=code, request_id=call.request_id
+        f"{call.op}: unexpected status {status}{hint}", status=status, code=code, request_id=call.request_id
     )
 
 
