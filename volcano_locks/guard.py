@@ -94,7 +94,6 @@ class LockGuard:
 
     def __init__(self, keeper: LeaseKeeper | None) -> None:
         self._keeper = keeper
-        self._never = threading.Event()
 
     @property
     def acquired(self) -> bool:
@@ -122,9 +121,11 @@ class LockGuard:
         return None if self._keeper is None else self._keeper.loss
 
     def wait_lost(self, timeout: float | None = None) -> bool:
-        """Block up to ``timeout`` seconds for loss; return whether ownership is lost."""
+        """Block up to ``timeout`` seconds for loss; return whether ownership is lost.
+
+        A guard that did not acquire (``on_contention="skip"``) has nothing to lose: ``False`` at once.
+        """
         if self._keeper is None:
-            self._never.wait(timeout)
             return False
         return self._keeper.wait_lost(timeout)
 
@@ -164,9 +165,11 @@ class AsyncLockGuard:
         return None if self._keeper is None else self._keeper.loss
 
     async def wait_lost(self, timeout: float | None = None) -> bool:
-        """Wait up to ``timeout`` seconds for loss; return whether ownership is lost."""
+        """Wait up to ``timeout`` seconds for loss; return whether ownership is lost.
+
+        A guard that did not acquire (``on_contention="skip"``) has nothing to lose: ``False`` at once.
+        """
         if self._keeper is None:
-            await asyncio.sleep(timeout or 0)
             return False
         return await self._keeper.wait_lost(timeout)
 

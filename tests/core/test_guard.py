@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 import uuid
 from typing import Any
@@ -62,6 +63,7 @@ def test_contention_policies(sync_client: VolcanoLocks, unique_key: str) -> None
         pytest.fail("entered a held lock")
     with sync_client.with_lock(unique_key, 30, on_contention="skip") as guard:
         assert not guard.acquired and guard.lease is None and guard.fencing_token is None and not guard.lost
+        assert guard.wait_lost(None) is False and guard.loss is None
     with (
         pytest.raises(WaitTimeout),
         sync_client.with_lock(unique_key, 30, on_contention="wait", wait_timeout=0.5),
@@ -194,6 +196,7 @@ async def test_async_contention_skip_and_wait(async_client: AsyncVolcanoLocks, u
     holder = await async_client.acquire(unique_key, 30)
     async with async_client.with_lock(unique_key, 30, on_contention="skip") as guard:
         assert not guard.acquired and guard.lease is None
+        assert await guard.wait_lost(None) is False
     with pytest.raises(LockContention):
         async with async_client.with_lock(unique_key, 30):
             pytest.fail("entered a held lock")
@@ -248,3 +251,43 @@ async def test_async_loss_when_server_stops_answering(tmp_path: Any, unique_key:
                     await asyncio.sleep(30)
             assert time.monotonic() <= deadline + 2.0  # loss came by the deadline (+ the release)
             assert info.value.code in ("renewal_window_exhausted", "renewal_stalled")
+
+
+def test_renewals_use_fresh_request_ids(
+    admin_server: LocalServer, sync_client: VolcanoLocks, unique_key: str
+) -> None:
+    request_id = str(uuid.uuid4())
+    with sync_client.with_lock(unique_key, 5, request_id=request_id) as guard:
+        first = guard.lease
+        deadline = time.monotonic() + 10
+        while guard.lease is first and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert guard.lease is not first and guard.lease is not None and first is not None
+        assert (
+            guard.lease.fencing_token == first.fencing_token
+            and guard.lease.local_deadline > first.local_deadline
+        )
+    mine = [r for r in admin_server.requests() if r["path"].endswith(f"/{unique_key}/lease")]
+    assert [r["op"] for r in mine][:2] == ["acquire", "renew"] and mine[-1]["op"] == "release"
+    ids = [r["request_id"] for r in mine]
+    assert ids[0] == request_id and len(set(ids)) == len(ids)
+
+
+def test_interrupt_in_a_worker_thread(sync_client: VolcanoLocks, unique_key: str) -> None:
+    outcome: list[BaseException] = []
+
+    def task() -> None:
+        try:
+            with sync_client.with_lock(unique_key, 5, interrupt=True):
+                sync_client.force_release(unique_key)
+                end = time.monotonic() + 15
+                while time.monotonic() < end:
+                    sum(range(1000))  # CPU-bound work, never checks the guard
+        except BaseException as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=task)
+    worker.start()
+    worker.join(20)
+    assert len(outcome) == 1 and isinstance(outcome[0], OwnershipLost)
+    assert outcome[0].code == "lock_ownership_lost"

@@ -187,3 +187,23 @@ def test_requests_sent_counts_waiting(volcano_server: LocalServer, unique_key: s
         spent: Any = client.requests_sent - before
         assert 2 <= spent <= 6  # the first acquire plus one look per ~0.4 s
         client.release(unique_key, holder)
+
+
+def test_rate_limited_wait_honours_retry_after(tmp_path: Any, unique_key: str) -> None:
+    with (
+        LocalServer(db=str(tmp_path / "q.sqlite3"), quota=2) as srv,
+        VolcanoLocks(srv.url, service_key=srv.service_key) as client,
+    ):
+        for _ in range(20):  # spend the window (a minute boundary may reset it once)
+            try:
+                client.get(unique_key)
+            except RateLimited as exc:
+                retry_after = exc.retry_after
+                break
+        else:
+            pytest.fail("quota never ran out")
+        assert retry_after is not None
+        before = client.requests_sent
+        with pytest.raises(WaitTimeout):
+            client.wait_acquire(unique_key, 30, timeout=min(2.0, retry_after - 0.5), poll=0.3)
+        assert client.requests_sent - before == 1  # no look before Retry-After, however short the poll
