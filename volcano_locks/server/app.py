@@ -38,6 +38,9 @@ log = logging.getLogger("volcano_locks.server")
 # its 400 on a healthy connection; beyond it the connection is closed after the 400.
 _DRAIN_LIMIT = 16 * 1024 * 1024
 
+_MAX_LINE = 65536
+_MAX_HEADERS = 100
+
 _LEASE_OPS = {"POST": "acquire", "PATCH": "renew", "DELETE": "release"}
 _LOCK_OPS = {"GET": "get", "DELETE": "force_release"}
 
@@ -285,14 +288,55 @@ class _Handler(BaseHTTPRequestHandler):
     timeout = 120  # idle keep-alive connections end after this many seconds
     server: LockHTTPServer
 
+    lower_headers: dict[str, str]
+    raw_requestline: bytes  # set by handle_one_request before parse_request
+
     def setup(self) -> None:
         super().setup()
+        self.lower_headers = {}
         # Responses are written in one send; disable Nagle so keep-alive round trips are not delayed.
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
+    def parse_request(self) -> bool:
+        """Parse the request line and headers (a lean replacement for http.server's email-based parser)."""
+        self.command = ""
+        self.request_version = "HTTP/0.9"
+        self.close_connection = True
+        self.lower_headers = {}
+        self.requestline = str(self.raw_requestline, "iso-8859-1").rstrip("\r\n")
+        words = self.requestline.split()
+        if len(words) != 3 or not words[2].startswith("HTTP/1."):
+            self.send_error(HTTPStatus.BAD_REQUEST, "bad request line (expected METHOD PATH HTTP/1.x)")
+            return False
+        self.command, self.path, self.request_version = words
+        headers: dict[str, str] = {}
+        for _ in range(_MAX_HEADERS + 1):
+            line = self.rfile.readline(_MAX_LINE + 1)
+            if line in (b"\r\n", b"\n", b""):
+                break
+            if len(line) > _MAX_LINE:
+                self.send_error(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, "header line too long")
+                return False
+            name, sep, value = str(line, "iso-8859-1").partition(":")
+            if not sep or not name.strip():
+                self.send_error(HTTPStatus.BAD_REQUEST, "malformed header line")
+                return False
+            headers[name.strip().lower()] = value.strip()
+        else:
+            self.send_error(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, "too many headers")
+            return False
+        self.lower_headers = headers
+        connection = headers.get("connection", "").lower()
+        self.close_connection = connection == "close" or (
+            self.request_version == "HTTP/1.0" and connection != "keep-alive"
+        )
+        if headers.get("expect", "").lower() == "100-continue":
+            self.wfile.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        return True
+
     def _dispatch(self) -> None:
         app = self.server.app
-        headers = {k.lower(): v for k, v in self.headers.items()}
+        headers = self.lower_headers
         if "transfer-encoding" in headers:
             self.close_connection = True
             self._write(
@@ -353,8 +397,7 @@ class _Handler(BaseHTTPRequestHandler):
             lines.append("Content-Type: application/json")
         if resp.status != 204:
             lines.append(f"Content-Length: {len(payload)}")
-        headers = getattr(self, "headers", None)
-        rid = headers.get("X-Volcano-Request-Id") if headers is not None else None
+        rid = self.lower_headers.get("x-volcano-request-id")
         if rid is not None and _is_uuid(rid):
             lines.append(f"X-Volcano-Request-Id: {rid}")
         lines.extend(f"{k}: {v}" for k, v in resp.headers.items())

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
 
 import jwt
 
@@ -65,9 +68,22 @@ class Authenticator:
         """Verify keys signed with `secret`; `exp`/`nbf` are checked against `clock`."""
         self._secret = check_secret(secret)
         self._clock = clock
+        # Signature checks dominate a request's CPU time; a verified key's claims never change, so
+        # keep them (time-dependent checks still run on every request). Only valid keys get cached.
+        self._verified = functools.lru_cache(maxsize=1024)(self._verify_signature)
 
     def __repr__(self) -> str:
         return "Authenticator(secret=<hidden>)"
+
+    def _verify_signature(self, token: str) -> Mapping[str, Any]:
+        claims: dict[str, Any] = jwt.decode(
+            token,
+            self._secret,
+            algorithms=_ALGORITHMS,
+            # exp/nbf are checked by the caller against the server's clock, which tests may fake.
+            options={"verify_exp": False, "verify_nbf": False, "verify_iat": False, "verify_aud": False},
+        )
+        return MappingProxyType(claims)
 
     def authenticate(self, authorization: str | None) -> Principal:
         """Return the caller's principal, or raise 401 (bad credentials) or 403 (not allowed locks)."""
@@ -78,13 +94,7 @@ class Authenticator:
         if scheme.lower() != "bearer" or not token:
             raise _unauthorized("Authorization header must be 'Bearer <service-role key>'")
         try:
-            claims = jwt.decode(
-                token,
-                self._secret,
-                algorithms=_ALGORITHMS,
-                # exp/nbf are checked below against the server's clock, which tests may fake.
-                options={"verify_exp": False, "verify_nbf": False, "verify_iat": False, "verify_aud": False},
-            )
+            claims = self._verified(token)
         except jwt.InvalidTokenError as exc:
             raise _unauthorized(f"invalid key ({type(exc).__name__})") from None
         now = self._clock()
