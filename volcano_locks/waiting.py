@@ -37,7 +37,7 @@ from volcano_locks.errors import (
     WaitTimeout,
 )
 from volcano_locks.models import LockLease, LockState
-from volcano_locks.protocol import validate_key, validate_token, validate_ttl
+from volcano_locks.protocol import new_request_id, validate_key, validate_token, validate_ttl
 
 if TYPE_CHECKING:
     from volcano_locks.client import AsyncVolcanoLocks, VolcanoLocks
@@ -169,9 +169,14 @@ def _round(shared: _Shared, waiter: _Waiter) -> Generator[str, object, LockLease
     outcome = yield "acquire"
     if isinstance(outcome, LockLease):
         waiter.direct = False
+        waiter.request_id = None
         _defer(shared, poll_delay(None, poll=waiter.poll, now=now, draw=waiter.rng()))
         return outcome
-    waiter.direct = isinstance(outcome, TransportError | Unavailable)  # uncertain: retry with the same token
+    # Uncertain (no answer twice, or 503s): the next try goes straight to acquire with the same token and
+    # request id, which recovers the lease if the server did grant it. Anything else was a definite answer.
+    waiter.direct = isinstance(outcome, TransportError | Unavailable)
+    if not waiter.direct:
+        waiter.request_id = None
     if isinstance(outcome, LockContention):
         shared.last_state = waiter.holder = outcome.holder or shared.last_state or LockState(held=True)
         _defer(shared, poll_delay(outcome.holder, poll=waiter.poll, now=now, draw=waiter.rng()))
@@ -259,10 +264,10 @@ def _drive_sync(
                 if step == "get":
                     outcome = client.get(waiter.key)
                 else:
+                    waiter.request_id = waiter.request_id or new_request_id()
                     outcome = client.acquire(
                         waiter.key, waiter.ttl, token=waiter.token, request_id=waiter.request_id
                     )
-                    waiter.request_id = None  # a caller's request id names only the first acquisition
             except VolcanoError as exc:
                 outcome = exc
             step = flow.send(outcome)
@@ -332,10 +337,10 @@ async def _drive_async(
                 if step == "get":
                     outcome = await client.get(waiter.key)
                 else:
+                    waiter.request_id = waiter.request_id or new_request_id()
                     outcome = await client.acquire(
                         waiter.key, waiter.ttl, token=waiter.token, request_id=waiter.request_id
                     )
-                    waiter.request_id = None
             except VolcanoError as exc:
                 outcome = exc
             step = flow.send(outcome)

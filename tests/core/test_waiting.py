@@ -89,6 +89,11 @@ def test_uncertain_acquisition_in_a_wait_is_recovered(admin_server: LocalServer,
         admin_server.set_faults("drop:count=2:op=acquire:when=after")
         lease = client.wait_acquire(unique_key, 30, timeout=10, poll=0.3)
         assert client.get(unique_key).fencing_token == lease.fencing_token  # the same lease, not a new one
+        acquires = [r for r in admin_server.requests() if r["op"] == "acquire" and unique_key in r["path"]]
+        assert (
+            len(acquires) == 3 and len({r["request_id"] for r in acquires}) == 1
+        )  # recovered as the same op
+        assert acquires[-1]["status"] == 201
         client.release(unique_key, lease)
 
 
