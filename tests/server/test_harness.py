@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+import subprocess
+import sys
+import time
 
 import httpx
 
@@ -71,3 +76,27 @@ def test_sigterm_stops_cleanly() -> None:
     except httpx.TransportError:
         pass
     srv.close()
+
+
+def test_server_exits_when_the_process_that_started_it_dies() -> None:
+    script = (
+        "from volcano_locks.server.harness import LocalServer\n"
+        "import time\n"
+        "srv = LocalServer().start()\n"
+        "print(srv.proc.pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    with subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True) as parent:
+        assert parent.stdout is not None
+        server_pid = int(parent.stdout.readline())
+        parent.kill()
+        parent.wait()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        try:
+            os.kill(server_pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.kill(server_pid, signal.SIGKILL)
+    raise AssertionError("the orphaned server kept running")

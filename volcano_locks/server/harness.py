@@ -156,7 +156,13 @@ class LocalServer(_ServerBase):
             cmd.append("--admin")
         if not self.log_requests:
             cmd.append("--no-request-log")
-        env = {**os.environ, **self.extra_env, "VOLCANO_LOCAL_SECRET": self.secret, "PYTHONUNBUFFERED": "1"}
+        env = {
+            **os.environ,
+            **self.extra_env,
+            "VOLCANO_LOCAL_SECRET": self.secret,
+            "VOLCANO_LOCAL_PARENT_PID": str(os.getpid()),
+            "PYTHONUNBUFFERED": "1",
+        }
         # Output goes to files, not pipes: a pipe nobody drains would eventually block the server.
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "ab") as err:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env)

@@ -21,10 +21,21 @@ from .quota import QuotaLimiter
 from .service import LockService
 from .store import LockStore, open_store
 
-__all__ = ["SECRET_ENV", "ServeConfig", "build_app", "default_db_path", "load_or_create_secret", "serve"]
+__all__ = [
+    "PARENT_ENV",
+    "SECRET_ENV",
+    "ServeConfig",
+    "build_app",
+    "default_db_path",
+    "load_or_create_secret",
+    "serve",
+]
 
 SECRET_ENV = "VOLCANO_LOCAL_SECRET"
 """Environment variable read when `--secret` is not given (keeps the secret out of `ps`)."""
+
+PARENT_ENV = "VOLCANO_LOCAL_PARENT_PID"
+"""If set (the harness sets it), the server stops when that process is no longer its parent."""
 
 log = logging.getLogger("volcano_locks.server")
 
@@ -132,10 +143,15 @@ def serve(config: ServeConfig, out: TextIO = sys.stdout) -> int:
         print(f"VOLCANO_ANON_KEY={mint_key(secret, 'local', 'anon')}", file=out)
         print(f"VOLCANO_SERVICE_KEY={mint_key(secret, 'local', 'service')}", file=out)
         print("ready", file=out, flush=True)
+        parent = os.environ.get(PARENT_ENV)
         while not stop.wait(0.2):
             if not thread.is_alive():
                 log.error("the HTTP server thread died")
                 return 1
+            if parent and str(os.getppid()) != parent:
+                # The test run that started us is gone: do not linger on a shared machine.
+                log.warning("parent process %s went away; stopping", parent)
+                break
         httpd.shutdown()
         thread.join(timeout=10)
         print("stopped", file=out, flush=True)
