@@ -183,6 +183,8 @@ class VolcanoLockOperator(BaseOperator):
         """Resume after :class:`VolcanoLockTrigger` fired: run if acquired, else fail with its reason."""
         status = event.get("status")
         message = event.get("message") or ""
+        if deadline is None and isinstance(event.get("deadline"), int | float):
+            deadline = float(event["deadline"])
         if status == "acquired":
             self.log.info(
                 "Trigger acquired lock %r (fencing token %s); resuming",

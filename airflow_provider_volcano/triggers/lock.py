@@ -336,6 +336,9 @@ class VolcanoLockTrigger(BaseTrigger):
                 "fencing_token": getattr(state, "fencing_token", None),
                 "expires_at": expires_at.isoformat() if expires_at is not None else None,
                 "message": message,
+                # Echoed so a resumed task can defer again within the same bound, even where the
+                # deferral's method kwargs are not carried over (dag.test()).
+                "deadline": self.deadline,
             }
         )
 

@@ -11,8 +11,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 from volcano_airflow_testlib import volcano_conn_json
@@ -31,6 +34,13 @@ os.environ.update(
     }
 )
 os.environ.pop("AIRFLOW_CONN_VOLCANO_DEFAULT", None)
+
+# dag.test() imports Airflow's in-process execution API, whose starlette test client warns about
+# its own httpx dependency; that is Airflow's business, not ours, so import it once quietly here
+# (the suite turns warnings into errors).
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    import airflow.api_fastapi.execution_api.app  # noqa: F401
 
 
 def airflow_bin() -> str:
@@ -52,11 +62,31 @@ def airflow_db() -> Iterator[Path]:
     shutil.rmtree(AIRFLOW_HOME, ignore_errors=True)
 
 
+@dataclass(frozen=True)
+class VolcanoConn:
+    """The connection the tests configured: the server and the exact keys in it."""
+
+    server: Any
+    url: str
+    service_key: str = field(repr=False)
+    anon_key: str = field(repr=False)
+
+    def requests(self) -> list[dict[str, Any]]:
+        """The server's recent request log."""
+        return list(self.server.requests())
+
+
+@pytest.fixture(scope="session")
+def volcano_keys(volcano_server) -> tuple[str, str]:  # type: ignore[no-untyped-def]
+    """One service key and one anon key for the session (the harness mints a new one per access)."""
+    return volcano_server.service_key, volcano_server.anon_key
+
+
 @pytest.fixture
-def volcano_conn(volcano_server, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+def volcano_conn(volcano_server, volcano_keys, monkeypatch: pytest.MonkeyPatch) -> VolcanoConn:  # type: ignore[no-untyped-def]
     """Point AIRFLOW_CONN_VOLCANO_DEFAULT at the session's local Volcano server."""
+    service_key, anon_key = volcano_keys
     monkeypatch.setenv(
-        "AIRFLOW_CONN_VOLCANO_DEFAULT",
-        volcano_conn_json(volcano_server.url, volcano_server.service_key, anon_key=volcano_server.anon_key),
+        "AIRFLOW_CONN_VOLCANO_DEFAULT", volcano_conn_json(volcano_server.url, service_key, anon_key=anon_key)
     )
-    return volcano_server
+    return VolcanoConn(volcano_server, volcano_server.url, service_key, anon_key)
