@@ -306,7 +306,8 @@ class LockContext:
         release_error = self._release_quietly(keeper.lease)
         loss = keeper.loss
         if isinstance(exc, _InterruptedByLoss) and loss is not None:
-            raise loss from None
+            loss.__suppress_context__ = True  # the interrupt only carried the news; keep the loss's cause
+            raise loss
         if exc is not None:
             return False
         if loss is not None:
@@ -438,7 +439,8 @@ class AsyncLockContext:
             and not outer_cancel
             and loss is not None
         ):
-            raise loss from None
+            loss.__suppress_context__ = True  # the cancellation only carried the news; keep the cause
+            raise loss
         if exc is not None:
             return False
         if loss is not None:

@@ -16,6 +16,7 @@ from volcano_locks import (
     LockContention,
     OwnershipLost,
     ServerError,
+    TransportError,
     VolcanoLocks,
     WaitTimeout,
 )
@@ -174,6 +175,8 @@ def test_loss_when_server_stops_answering(tmp_path: Any, unique_key: str, how: s
             detected = time.monotonic()
         assert info.value is guard.loss
         assert info.value.code in ("renewal_window_exhausted", "renewal_stalled")
+        if info.value.code == "renewal_window_exhausted":
+            assert isinstance(info.value.__cause__, TransportError)  # the reason survives the exit
         assert detected <= deadline  # detected by the local deadline, not after it
 
 
@@ -251,6 +254,10 @@ async def test_async_loss_when_server_stops_answering(tmp_path: Any, unique_key:
                     await asyncio.sleep(30)
             assert time.monotonic() <= deadline + 2.0  # loss came by the deadline (+ the release)
             assert info.value.code in ("renewal_window_exhausted", "renewal_stalled")
+            assert (
+                not isinstance(info.value.__context__, asyncio.CancelledError)
+                or info.value.__suppress_context__
+            )
 
 
 def test_renewals_use_fresh_request_ids(
