@@ -58,3 +58,93 @@ def test_poll_delay_stops_at_the_earliest_deadline_but_never_below_the_floor() -
 def test_poll_delay_has_jitter() -> None:
     delays = {next_poll_delay(2.0, None, 0.0, None) for _ in range(20)}
     assert len(delays) > 1 and all(1.8 <= d <= 2.2 for d in delays)
+
+
+# -- against the real local server ----------------------------------------------------------------
+
+import asyncio  # noqa: E402
+import hashlib  # noqa: E402
+import time  # noqa: E402
+
+import pytest  # noqa: E402
+from volcano_locks import VolcanoLocks  # noqa: E402
+
+from airflow_provider_volcano._tokens import derive_token  # noqa: E402
+
+
+def _trigger(key: str, n: int, **kwargs: object) -> VolcanoLockTrigger:
+    identity = TaskIdentity("d", f"t{n}", "r", -1, 1).as_dict()
+    return VolcanoLockTrigger(volcano_conn_id="volcano_default", lock_key=key, ttl=10, identity=identity, **kwargs)  # type: ignore[arg-type]
+
+
+async def _first_event(trigger: VolcanoLockTrigger) -> dict[str, object]:
+    async for event in trigger.run():
+        return dict(event.payload)
+    raise AssertionError("no event")
+
+
+@pytest.fixture
+def outside(volcano_conn):  # type: ignore[no-untyped-def]
+    with VolcanoLocks(volcano_conn.url, volcano_conn.anon_key, volcano_conn.service_key) as client:
+        yield client
+
+
+async def test_waiting_triggers_share_one_poller_and_one_release_wakes_one(volcano_conn, outside, unique_key) -> None:  # type: ignore[no-untyped-def]
+    held = outside.acquire(unique_key, 30)
+    triggers = [_trigger(unique_key, n, poll=0.5) for n in range(8)]
+    tasks = [asyncio.create_task(_first_event(t)) for t in triggers]
+    await asyncio.sleep(3.0)
+    gets = [r for r in volcano_conn.requests() if unique_key in r.get("path", "") and r.get("op") == "get"]
+    # Eight triggers, one poller: about one read per 0.5 s interval (not eight).
+    assert 3 <= len(gets) <= 9, len(gets)
+    outside.release(unique_key, held)
+    done, pending = await asyncio.wait(tasks, timeout=5, return_when=asyncio.FIRST_COMPLETED)
+    await asyncio.sleep(1.0)
+    assert len([t for t in tasks if t.done()]) == 1  # the others keep waiting: no thundering herd
+    (event,) = [t.result() for t in tasks if t.done()]
+    assert event["status"] == "acquired" and event["fencing_token"] > held.fencing_token
+    winner = triggers[tasks.index(next(t for t in tasks if t.done()))]
+    assert winner is triggers[0]  # first come, first served
+    state = outside.get(unique_key)
+    assert state.held and state.fencing_token == event["fencing_token"]
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    outside.force_release(unique_key)
+
+
+async def test_trigger_acquires_with_the_derived_token_and_leaks_no_secret(volcano_conn, outside, unique_key) -> None:  # type: ignore[no-untyped-def]
+    trigger = _trigger(unique_key, 0, poll=0.5)
+    event = await asyncio.wait_for(_first_event(trigger), 10)
+    token = derive_token(volcano_conn.service_key, TaskIdentity("d", "t0", "r", -1, 1), unique_key)
+    # The resumed task re-acquires the very same lease with the token it derives itself.
+    again = outside.acquire(unique_key, 10, token=token)
+    assert again.fencing_token == event["fencing_token"]
+    text = json.dumps(event) + json.dumps(trigger.serialize()[1])
+    assert token not in text and volcano_conn.service_key not in text
+    digest = hashlib.sha256(token.encode()).hexdigest()[:12]
+    assert any(r.get("token_sha256") == digest and r.get("status") == 201 for r in volcano_conn.requests())
+    outside.release(unique_key, again)
+
+
+async def test_trigger_times_out_naming_the_holder(volcano_conn, outside, unique_key) -> None:  # type: ignore[no-untyped-def]
+    held = outside.acquire(unique_key, 30)
+    started = time.monotonic()
+    event = await asyncio.wait_for(_first_event(_trigger(unique_key, 0, poll=0.5, deadline=time.time() + 1.5)), 10)
+    assert event["status"] == "timeout" and event["fencing_token"] == held.fencing_token
+    assert unique_key in str(event["message"]) and time.monotonic() - started < 8
+    outside.release(unique_key, held)
+
+
+async def test_trigger_reports_a_rejected_key_as_error(volcano_server, monkeypatch, unique_key) -> None:  # type: ignore[no-untyped-def]
+    from volcano_airflow_testlib import volcano_conn_json
+
+    monkeypatch.setenv("AIRFLOW_CONN_VOLCANO_DEFAULT", volcano_conn_json(volcano_server.url, volcano_server.anon_key))
+    event = await asyncio.wait_for(_first_event(_trigger(unique_key, 0, poll=0.5)), 10)
+    assert event["status"] == "error" and unique_key in str(event["message"]), event
+
+
+async def test_trigger_reports_a_broken_connection_as_error(monkeypatch, unique_key) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("AIRFLOW_CONN_VOLCANO_DEFAULT", json.dumps({"conn_type": "volcano", "password": "x" * 20}))
+    event = await asyncio.wait_for(_first_event(_trigger(unique_key, 0)), 10)
+    assert event["status"] == "error" and "has no API URL" in str(event["message"])
