@@ -10,6 +10,8 @@ import time
 from collections.abc import Callable
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from volcano_locks.errors import AuthError, OwnershipLost, RateLimited, TransportError, Unavailable
 from volcano_locks.models import LockLease
@@ -378,3 +380,57 @@ async def test_async_stalled_renewal_is_loss_at_the_deadline() -> None:
     assert await keeper.wait_lost(10)
     assert keeper.loss is not None and keeper.loss.code == "renewal_stalled"
     await keeper.stop()
+
+
+# ------------------------------------------------------------------------------------------ invariants
+
+_outcome = st.one_of(
+    st.none(),
+    st.just("transport"),
+    st.just("503"),
+    st.floats(min_value=1, max_value=60).map(lambda s: ("429", s)),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    ttl=st.integers(min_value=5, max_value=600),
+    client_timeout=st.floats(min_value=0.5, max_value=30),
+    script=st.lists(_outcome, max_size=30),
+    latency=st.floats(min_value=0.0, max_value=0.9),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_schedule_invariants(
+    ttl: int, client_timeout: float, script: list[object], latency: float, seed: int
+) -> None:
+    """Whatever the server does, every attempt can land 1 s early, and loss is never reported late."""
+    rng = random.Random(seed)
+    timing = KeeperTiming(request_timeout=renewal_timeout(client_timeout, ttl))
+    schedule = RenewalSchedule(lease(ttl=ttl, sent=0.0), timing, rng.random)
+    now = 0.0
+    for _ in range(200):
+        action = schedule.next_action(now)
+        if isinstance(action, Lose):
+            assert now <= schedule.lease.local_deadline + 1e-9
+            return
+        if isinstance(action, Wait):
+            assert action.until > now and action.until <= schedule.lease.local_deadline
+            now = action.until
+            continue
+        held = schedule.lease
+        assert action.timeout >= timing.min_attempt
+        assert now + action.timeout <= held.local_deadline - timing.margin + 1e-9
+        took = latency * action.timeout
+        outcome = script.pop(0) if script else OwnershipLost("end")
+        sent, now = now, now + took
+        if outcome is None:
+            schedule.succeeded(dataclasses.replace(held, local_deadline=sent + ttl), now)
+        elif outcome == "transport":
+            schedule.failed(TransportError("x"), now)
+        elif outcome == "503":
+            schedule.failed(Unavailable("x", status=503), now)
+        elif isinstance(outcome, tuple):
+            schedule.failed(RateLimited("x", status=429, retry_after=outcome[1]), now)
+        else:
+            schedule.failed(outcome, now)  # type: ignore[arg-type]
+    pytest.fail("the schedule did not reach a decision")
