@@ -18,12 +18,22 @@ PG_DSN_DEFAULT = "postgresql://postgres@127.0.0.1:5432/test"
 def volcano_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
     """A `volcano-locks serve` subprocess for the whole session: tmp SQLite db, admin on, quota 1,000,000.
 
-    Shared by every test: use `unique_key` for lock names, and if you change its faults with
-    `set_faults`, clear them again (`set_faults(None)`) in a finally block.
+    Shared by every test: use `unique_key` for lock names. Faults set with `set_faults` are cleared
+    after each test that used it.
     """
     db = tmp_path_factory.mktemp("volcano-server") / "locks.sqlite3"
     with LocalServer(db=str(db), admin=True, quota=1_000_000) as srv:
         yield srv
+
+
+@pytest.fixture(autouse=True)
+def _volcano_server_faults_reset(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Clear runtime faults on the shared server after any test that used it, even a failed one."""
+    yield
+    if "volcano_server" in request.fixturenames:
+        srv: LocalServer = request.getfixturevalue("volcano_server")
+        if srv.running and srv.faults():
+            srv.set_faults(None)
 
 
 @pytest.fixture

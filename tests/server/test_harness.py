@@ -100,3 +100,11 @@ def test_server_exits_when_the_process_that_started_it_dies() -> None:
         time.sleep(0.1)
     os.kill(server_pid, signal.SIGKILL)
     raise AssertionError("the orphaned server kept running")
+
+
+def test_faults_set_on_the_shared_server_first(volcano_server: LocalServer) -> None:
+    volcano_server.set_faults("status=503:op=get")
+
+
+def test_faults_were_cleared_after_the_previous_test(volcano_server: LocalServer) -> None:
+    assert volcano_server.faults() == ""
