@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -13,7 +12,7 @@ import pytest
 
 from volcano_locks import AsyncVolcanoLocks, InvalidRequest, LockState, RateLimited, VolcanoLocks, WaitTimeout
 from volcano_locks.server.harness import LocalServer
-from volcano_locks.waiting import FLOOR, SharedPolls, _round, _Shared, _Waiter, poll_delay
+from volcano_locks.waiting import FLOOR, SharedPolls, poll_delay
 
 NOW = datetime(2026, 11, 29, 10, 0, 0, tzinfo=UTC)
 
@@ -39,17 +38,6 @@ def test_never_longer_than_expiry_plus_grace() -> None:
 def test_never_less_than_the_floor() -> None:
     assert poll_delay(held_until(-10.0), poll=1, now=NOW, draw=0.5) == FLOOR
     assert poll_delay(None, poll=0.01, now=NOW, draw=0.5) == FLOOR
-
-
-def test_retry_after_is_used_exactly() -> None:
-    shared = _Shared(turn=None)
-    waiter = _Waiter("k", 30, str(uuid.uuid4()), 1.0, None, direct=False)
-    flow = _round(shared, waiter)
-    assert next(flow) == "get"
-    before = time.monotonic()
-    with pytest.raises(StopIteration):
-        flow.send(RateLimited("slow", status=429, retry_after=7.0))
-    assert shared.next_check_at - before == pytest.approx(7.0, abs=0.05)
 
 
 def test_bad_arguments(volcano_server: LocalServer) -> None:
