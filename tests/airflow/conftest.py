@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import warnings
 from collections.abc import Iterator
@@ -18,10 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from volcano_airflow_testlib import volcano_conn_json
+from volcano_airflow_testlib import DAGS, airflow_bin, volcano_conn_json
 
-REPO = Path(__file__).resolve().parents[2]
-DAGS = REPO / "dags"
 AIRFLOW_HOME = Path(tempfile.mkdtemp(prefix="volcano-airflow-home-"))
 
 os.environ.update(
@@ -43,11 +40,6 @@ with warnings.catch_warnings():
     import airflow.api_fastapi.execution_api.app  # noqa: F401
 
 
-def airflow_bin() -> str:
-    """Return the path of the airflow CLI of this environment."""
-    return str(Path(sys.executable).with_name("airflow"))
-
-
 @pytest.fixture(scope="session")
 def airflow_db() -> Iterator[Path]:
     """Migrate the session's SQLite metadata DB once; yield AIRFLOW_HOME."""
@@ -58,6 +50,8 @@ def airflow_db() -> Iterator[Path]:
         env=os.environ.copy(),
         timeout=180,
     )
+    # A pristine copy for tests that start their own Airflow processes on a private database.
+    shutil.copy(AIRFLOW_HOME / "airflow.db", AIRFLOW_HOME / "airflow.pristine.db")
     yield AIRFLOW_HOME
     shutil.rmtree(AIRFLOW_HOME, ignore_errors=True)
 

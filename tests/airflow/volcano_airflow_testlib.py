@@ -3,6 +3,15 @@
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
+
+DAGS = Path(__file__).resolve().parents[2] / "dags"
+
+
+def airflow_bin() -> str:
+    """Return the path of the airflow CLI of this environment."""
+    return str(Path(sys.executable).with_name("airflow"))
 
 
 def volcano_conn_json(url: str, service_key: str, **extra: object) -> str:

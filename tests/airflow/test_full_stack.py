@@ -1,0 +1,193 @@
+"""Real Airflow processes (api-server, scheduler with LocalExecutor, dag processor, triggerer) on SQLite.
+
+Two runs of the migration DAG contend for one key: one waits deferred in the triggerer while the
+other runs, both succeed one after the other, the fenced table has no stale write, and neither
+the service key nor any ownership token is in trigger rows, XCom rows, next_kwargs or task logs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from volcano_airflow_testlib import DAGS, airflow_bin
+
+from airflow_provider_volcano._tokens import TaskIdentity, derive_token
+
+pytestmark = pytest.mark.slow
+
+DAG_ID = "volcano_migration"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Stack:
+    """The Airflow processes of one test, on a private AIRFLOW_HOME and SQLite database."""
+
+    def __init__(self, home: Path, env: dict[str, str]) -> None:
+        self.home = home
+        self.env = env
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.outputs: list[Any] = []
+
+    def start(self, name: str, *args: str) -> None:
+        out = open(self.home / f"{name}.out", "wb")  # noqa: SIM115 - closed in stop()
+        self.outputs.append(out)
+        self.procs[name] = subprocess.Popen(
+            [airflow_bin(), *args], env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    def cli(self, *args: str) -> str:
+        done = subprocess.run(
+            [airflow_bin(), *args], env=self.env, capture_output=True, text=True, timeout=120, check=False
+        )
+        assert done.returncode == 0, (args, done.stdout[-2000:], done.stderr[-2000:])
+        return done.stdout
+
+    def query(self, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+        conn = sqlite3.connect(self.home / "airflow.db", timeout=30)
+        try:
+            return conn.execute(sql, params).fetchall()
+        finally:
+            conn.close()
+
+    def alive(self) -> None:
+        for name, proc in self.procs.items():
+            assert proc.poll() is None, f"airflow {name} exited:\n" + (self.home / f"{name}.out").read_text()[-3000:]
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        for proc in self.procs.values():
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(5)
+        for out in self.outputs:
+            out.close()
+
+
+@pytest.fixture
+def stack(airflow_db: Path, volcano_conn, tmp_path: Path) -> Iterator[Stack]:  # type: ignore[no-untyped-def]
+    home = tmp_path / "airflow-home"
+    home.mkdir()
+    shutil.copy(airflow_db / "airflow.pristine.db", home / "airflow.db")
+    shutil.copy(airflow_db / "airflow.cfg", home / "airflow.cfg")  # same JWT secret for every process
+    port = _free_port()
+    env = {
+        **os.environ,
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
+        "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS),
+        "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+        "AIRFLOW__CORE__PARALLELISM": "4",
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
+        "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
+        "AIRFLOW__API__PORT": str(port),
+        "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(home / "logs"),
+        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+        "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
+        "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "1",
+        "VOLCANO_EXAMPLES_DB": str(tmp_path / "examples.sqlite"),
+    }
+    s = Stack(home, env)
+    try:
+        s.start("api-server", "api-server", "--apps", "execution", "-H", "127.0.0.1", "-p", str(port), "-w", "1")
+        s.start("dag-processor", "dag-processor")
+        s.start("scheduler", "scheduler")
+        s.start("triggerer", "triggerer")
+        yield s
+    finally:
+        s.stop()
+
+
+def test_two_runs_contend_one_defers_both_succeed_nothing_secret_stored(stack: Stack, volcano_conn, unique_key) -> None:  # type: ignore[no-untyped-def]
+    resource = f"schema-{unique_key}"
+    deadline = time.monotonic() + 120
+    while not stack.query("SELECT 1 FROM serialized_dag WHERE dag_id = ?", DAG_ID):
+        stack.alive()
+        assert time.monotonic() < deadline, "the dag processor never parsed the DAG"
+        time.sleep(1)
+    stack.cli("dags", "unpause", DAG_ID)
+    # Each run holds the lock ~10 s. A shorter hold lets the trigger fire before the scheduler has
+    # processed the executor's event for the deferring exit; Airflow 3.3.2's LocalExecutor then
+    # forgets the resumed workload and the scheduler fails the running task (an Airflow race).
+    conf = json.dumps({"lock_key": unique_key, "steps": 5, "step_seconds": 2.0, "resource": resource})
+    for run_id in ("contend_a", "contend_b"):
+        stack.cli("dags", "trigger", DAG_ID, "--run-id", run_id, "--conf", conf)
+
+    trigger_rows: list[str] = []
+    seen_deferred: set[str] = set()
+    deadline = time.monotonic() + 240
+    while True:
+        stack.alive()
+        for (run_id,) in stack.query(
+            "SELECT run_id FROM task_instance WHERE dag_id = ? AND state = 'deferred'", DAG_ID
+        ):
+            seen_deferred.add(run_id)
+        trigger_rows += [json.dumps(row, default=str) for row in stack.query("SELECT * FROM trigger")]
+        states = dict(stack.query("SELECT run_id, state FROM dag_run WHERE dag_id = ?", DAG_ID))
+        if len(states) == 2 and all(s in ("success", "failed") for s in states.values()):
+            break
+        assert time.monotonic() < deadline, f"runs did not finish: {states}"
+        time.sleep(0.3)
+
+    assert states == {"contend_a": "success", "contend_b": "success"}
+    assert len(seen_deferred) == 1, seen_deferred  # one waited in the triggerer while the other ran
+    assert trigger_rows, "the waiting run's trigger row was never seen"
+
+    # The fenced table: the runs' steps did not interleave, and no stale write landed.
+    conn = sqlite3.connect(stack.env["VOLCANO_EXAMPLES_DB"])
+    writes = conn.execute(
+        "SELECT fencing_token, value, accepted FROM fenced_history WHERE resource = ? ORDER BY id", (resource,)
+    ).fetchall()
+    conn.close()
+    assert len(writes) == 10 and all(accepted for _, _, accepted in writes)
+    tokens = [t for t, _, _ in writes]
+    assert tokens == sorted(tokens) and len(set(tokens)) == 2
+    runs = [v.split(" step ")[0] for _, v, _ in writes]
+    assert runs[:5] == [runs[0]] * 5 and runs[5:] == [runs[5]] * 5 and runs[0] != runs[5]
+    assert runs[5] in seen_deferred  # the deferred run went second, with the higher fencing token
+
+    # Nothing secret in the metadata database or the task logs.
+    secrets = {volcano_conn.service_key, volcano_conn.anon_key}
+    for dag_id, task_id, run_id, map_index, try_number in stack.query(
+        "SELECT dag_id, task_id, run_id, map_index, try_number FROM task_instance WHERE dag_id = ?", DAG_ID
+    ):
+        for n in range(1, try_number + 1):
+            secrets.add(derive_token(volcano_conn.service_key, TaskIdentity(dag_id, task_id, run_id, map_index, n), unique_key))
+    assert len(secrets) == 4
+    stored = {
+        "trigger rows": "\n".join(trigger_rows + [json.dumps(r, default=str) for r in stack.query("SELECT * FROM trigger")]),
+        "xcom rows": json.dumps(stack.query("SELECT * FROM xcom"), default=str),
+        "next_kwargs": json.dumps(
+            stack.query("SELECT next_method, next_kwargs FROM task_instance")
+            + stack.query("SELECT next_method, next_kwargs FROM task_instance_history"),
+            default=str,
+        ),
+        "rendered fields": json.dumps(stack.query("SELECT * FROM rendered_task_instance_fields"), default=str),
+        "task logs": "\n".join(p.read_text(errors="replace") for p in (stack.home / "logs").rglob("*") if p.is_file()),
+    }
+    assert "volcano_lease" in stored["xcom rows"] and "fencing_token" in stored["xcom rows"]
+    assert "deferring until it is free" in stored["task logs"]
+    assert "Holding lock" in stored["task logs"]
+    for where, text in stored.items():
+        for secret in secrets:
+            assert secret not in text, f"a secret leaked into {where}"
