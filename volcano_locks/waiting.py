@@ -288,8 +288,8 @@ async def async_wait_acquire(
 ) -> LockLease:
     """Acquire ``key`` with ``client``, waiting out contention up to ``timeout`` seconds (cancellable).
 
-    A cancellation that lands while an acquisition is in flight may leave a lease behind until its
-    TTL runs out; pass your own ``token`` to recover it.
+    A cancellation that lands while an acquisition is in flight lets that request finish in the
+    background and releases the lease if it was granted (best effort: the client must stay open).
 
     Raises:
         WaitTimeout: Still held when the timeout ran out; ``holder`` is the last state seen.
@@ -338,12 +338,48 @@ async def _drive_async(
                     outcome = await client.get(waiter.key)
                 else:
                     waiter.request_id = waiter.request_id or new_request_id()
-                    outcome = await client.acquire(
-                        waiter.key, waiter.ttl, token=waiter.token, request_id=waiter.request_id
-                    )
+                    outcome = await _acquire_or_undo(client, waiter)
             except VolcanoError as exc:
                 outcome = exc
             step = flow.send(outcome)
     except StopIteration as stop:
         result: LockLease | None = stop.value
         return result
+
+
+_undoing: set[asyncio.Task[None]] = set()  # strong refs so pending clean-ups are not collected mid-flight
+
+
+async def _acquire_or_undo(client: AsyncVolcanoLocks, waiter: _Waiter) -> LockLease:
+    """Acquire; if the waiter is cancelled meanwhile, let the request finish and release what it won.
+
+    Without this, a cancelled wait whose acquisition the server granted would hold the lock, unseen,
+    until its TTL ran out.
+    """
+    attempt = asyncio.ensure_future(
+        client.acquire(waiter.key, waiter.ttl, token=waiter.token, request_id=waiter.request_id)
+    )
+    try:
+        return await asyncio.shield(attempt)
+    except asyncio.CancelledError:
+        attempt.add_done_callback(lambda done: _release_won(client, done))
+        raise
+
+
+def _release_won(client: AsyncVolcanoLocks, done: asyncio.Future[LockLease]) -> None:
+    if done.cancelled() or done.exception() is not None:
+        return
+    lease = done.result()
+
+    async def release() -> None:
+        try:
+            await client.release(lease.key, lease)
+            logger.info(
+                "released a lease won by a cancelled wait_acquire (fencing token %d)", lease.fencing_token
+            )
+        except Exception as exc:
+            logger.warning("could not release a lease won by a cancelled wait_acquire: %s", exc)
+
+    task = asyncio.get_running_loop().create_task(release(), name="volcano-lock-undo-acquire")
+    _undoing.add(task)
+    task.add_done_callback(_undoing.discard)

@@ -200,3 +200,19 @@ def test_rate_limited_wait_honours_retry_after(tmp_path: Any, unique_key: str) -
         with pytest.raises(WaitTimeout):
             client.wait_acquire(unique_key, 30, timeout=min(2.0, retry_after - 0.5), poll=0.3)
         assert client.requests_sent - before == 1  # no look before Retry-After, however short the poll
+
+
+async def test_cancelled_wait_releases_what_its_acquisition_won(
+    admin_server: LocalServer, unique_key: str
+) -> None:
+    async with AsyncVolcanoLocks(admin_server.url, service_key=admin_server.service_key) as client:
+        admin_server.set_faults("delay=1.0:count=1:op=acquire:when=after")  # granted, answered 1 s later
+        task = asyncio.create_task(client.wait_acquire(unique_key, 30, timeout=10))
+        await asyncio.sleep(0.4)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        deadline = time.monotonic() + 10
+        while (await client.get(unique_key)).held and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert not (await client.get(unique_key)).held  # not left held for the TTL
