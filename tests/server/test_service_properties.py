@@ -1,4 +1,4 @@
-"""Property test of the lock rules (sans-I/O LockService, manual clock): random histories keep the invariants."""
+"""Property test of the lock rules (sans-I/O LockService, manual clock): random histories keep invariants."""
 
 from __future__ import annotations
 
