@@ -1,0 +1,122 @@
+"""The `VolcanoCredentials` block: where a Volcano project's API URL and keys live in Prefect."""
+
+from __future__ import annotations
+
+import functools
+import ssl
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+import httpx
+from prefect.blocks.core import Block
+from pydantic import Field, SecretStr, field_validator
+
+if TYPE_CHECKING:
+    from volcano_locks import AsyncVolcanoLocks, VolcanoLocks
+
+__all__ = ["DEFAULT_API_URL", "VolcanoCredentials", "async_client_for", "sync_client_for"]
+
+DEFAULT_API_URL = "https://api.volcano.dev"
+
+
+class VolcanoCredentials(Block):
+    """Credentials for Volcano project locks: the API URL, the service key and the anon key.
+
+    Locks are scoped to the project inside the service key. Lock calls use only the
+    service key; the anon key is kept for completeness (the Volcano SDKs take both).
+
+    Attributes:
+        api_url: The Volcano API base URL.
+        service_key: The project's service-role key (secret).
+        anon_key: The project's anon key (secret, optional).
+        timeout: Seconds allowed for each HTTP request to the locks API.
+
+    Example:
+        Load stored credentials and take a lock:
+        ```python
+        from prefect_volcano import VolcanoCredentials
+
+        volcano_credentials = VolcanoCredentials.load("BLOCK_NAME")
+        with volcano_credentials.get_client() as client:
+            with client.with_lock("nightly-rollup", ttl=30) as guard:
+                print(guard.fencing_token)
+        ```
+    """
+
+    _block_type_name = "Volcano Credentials"
+    _block_type_slug = "volcano-credentials"
+    _logo_url = "https://raw.githubusercontent.com/PrefectHQ/prefect/420d0d6a78bb6df1fc18bcf188fdad43c1d22ea9/assets/block-logos/filesystem.png"
+    _documentation_url = "https://volcano.dev/docs/locks"
+    _description = "Volcano project lock credentials: API URL, service key and anon key."
+
+    api_url: str = Field(
+        default=DEFAULT_API_URL,
+        title="API URL",
+        description="Base URL of the Volcano API, e.g. https://api.volcano.dev or http://127.0.0.1:8000.",
+    )
+    service_key: SecretStr = Field(
+        default=...,
+        title="Service key",
+        description="The project's service-role key; lock calls authenticate with it.",
+    )
+    anon_key: SecretStr | None = Field(
+        default=None,
+        title="Anon key",
+        description="The project's anon (public) key; optional, lock calls do not use it.",
+    )
+    timeout: float = Field(
+        default=10.0,
+        gt=0,
+        le=300,
+        description="Seconds allowed for each HTTP request to the locks API.",
+    )
+
+    @field_validator("api_url")
+    @classmethod
+    def _check_api_url(cls, value: str) -> str:
+        """Reject URLs the client could never reach, naming the value (it is not a secret)."""
+        parts = urlsplit(value.strip())
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"api_url must be an http(s) URL such as {DEFAULT_API_URL}, got {value!r}")
+        return value.strip().rstrip("/")
+
+    def _client_kwargs(self) -> dict[str, object]:
+        return {
+            "api_url": self.api_url,
+            "anon_key": self.anon_key.get_secret_value() if self.anon_key is not None else None,
+            "service_key": self.service_key.get_secret_value(),
+            "timeout": self.timeout,
+        }
+
+    def get_client(self) -> VolcanoLocks:
+        """Return a new synchronous locks client; close it (or use it as a context manager) when done."""
+        return sync_client_for(self)
+
+    def get_async_client(self) -> AsyncVolcanoLocks:
+        """Return a new asynchronous locks client; `aclose()` it (or `async with` it) when done."""
+        return async_client_for(self)
+
+
+@functools.cache
+def _ssl_context() -> ssl.SSLContext:
+    # Building a verifying context (loading the CA bundle) costs ~25 ms, far more than a lock
+    # round trip; every client shares one, so a client per task run stays cheap.
+    return httpx.create_ssl_context()
+
+
+def sync_client_for(credentials: VolcanoCredentials | None) -> VolcanoLocks:
+    """Build a sync client from a block, or from the VOLCANO_* environment when None."""
+    from volcano_locks import VolcanoLocks
+
+    kwargs = credentials._client_kwargs() if credentials is not None else {}
+    return VolcanoLocks(**kwargs, transport=httpx.HTTPTransport(verify=_ssl_context()))  # type: ignore[arg-type]
+
+
+def async_client_for(credentials: VolcanoCredentials | None) -> AsyncVolcanoLocks:
+    """Build an async client from a block, or from the VOLCANO_* environment when None."""
+    from volcano_locks import AsyncVolcanoLocks
+
+    kwargs = credentials._client_kwargs() if credentials is not None else {}
+    return AsyncVolcanoLocks(  # type: ignore[arg-type]
+        **kwargs, transport=httpx.AsyncHTTPTransport(verify=_ssl_context())
+    )

@@ -1,0 +1,161 @@
+"""locked_task's own arguments are checked when the decorator is applied, before any run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from prefect import flow, task
+
+from prefect_volcano import VolcanoCredentials, current_lease, locked_task
+from volcano_locks import InvalidRequest
+
+
+def body(region: str, day: str = "2026-11-29") -> str:
+    return region + day
+
+
+@pytest.mark.parametrize("ttl", [4, 7_776_001, -1, 0])
+def test_ttl_out_of_range(ttl: int) -> None:
+    with pytest.raises(ValueError, match=f"ttl must be between 5 and 7776000 seconds, got {ttl}"):
+        locked_task("k", ttl=ttl)
+
+
+@pytest.mark.parametrize("ttl", ["30", 30.0, True, None])
+def test_ttl_wrong_type(ttl: Any) -> None:
+    with pytest.raises(TypeError, match="ttl must be an integer"):
+        locked_task("k", ttl=ttl)
+
+
+def test_on_contention_choices() -> None:
+    with pytest.raises(ValueError, match="on_contention must be one of 'wait', 'skip', 'fail', got 'raise'"):
+        locked_task("k", on_contention="raise")  # type: ignore[arg-type]
+
+
+def test_result_choices() -> None:
+    with pytest.raises(ValueError, match="result must be one of 'value', 'locked_result', got 'lease'"):
+        locked_task("k", result="lease")  # type: ignore[arg-type]
+
+
+def test_wait_timeout_rules() -> None:
+    with pytest.raises(ValueError, match="wait_timeout applies only to on_contention='wait', not 'skip'"):
+        locked_task("k", on_contention="skip", wait_timeout=5)
+    with pytest.raises(ValueError, match="wait_timeout must be >= 0 seconds, got -1"):
+        locked_task("k", wait_timeout=-1)
+    with pytest.raises(TypeError, match="wait_timeout must be a number"):
+        locked_task("k", wait_timeout="5")  # type: ignore[arg-type]
+    locked_task("k", wait_timeout=0)
+    locked_task("k", wait_timeout=2.5)
+
+
+def test_credentials_types() -> None:
+    with pytest.raises(
+        TypeError, match="credentials must be a VolcanoCredentials block, a saved block's name"
+    ):
+        locked_task("k", credentials={"service_key": "x"})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="empty string"):
+        locked_task("k", credentials="  ")
+    locked_task("k", credentials="my-volcano")
+    locked_task("k", credentials=VolcanoCredentials(service_key="x"))
+
+
+@pytest.mark.parametrize("key", ["bad key", "-leading-dash", "x" * 129, ""])
+def test_invalid_static_key(key: str) -> None:
+    with pytest.raises(InvalidRequest, match="is invalid"):
+        locked_task(key)
+
+
+def test_key_type() -> None:
+    with pytest.raises(TypeError, match="key must be a string, a template string or a callable, got int"):
+        locked_task(42)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("template", "message"),
+    [
+        ("rollup:{}", "must name the task's parameters"),
+        ("rollup:{0}", "must name the task's parameters"),
+        ("rollup:{region", "is malformed"),
+        ("rollup/{region}", "has characters a lock key cannot hold"),
+    ],
+)
+def test_malformed_templates(template: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        locked_task(template)
+
+
+def test_template_must_name_parameters_of_the_function() -> None:
+    decorator = locked_task("rollup:{regoin}")
+    with pytest.raises(ValueError, match=r"uses 'regoin', which 'body' has no parameter of that name"):
+        decorator(body)
+    with pytest.raises(ValueError, match="'regoin'"):
+        decorator(task(body))
+
+
+def test_template_with_kwargs_function_is_checked_at_run_time() -> None:
+    def anything(**kwargs: Any) -> None:
+        return None
+
+    locked_task("rollup:{region}")(anything)
+
+
+def test_template_attribute_and_index_access_is_allowed() -> None:
+    def cfg(conf: dict[str, str], region: Any) -> None:
+        return None
+
+    locked_task("rollup:{conf[name]}:{region.code}")(cfg)
+
+
+def test_refuses_flows_generators_and_non_callables() -> None:
+    @flow
+    def a_flow() -> None:
+        return None
+
+    def gen() -> Any:
+        yield 1
+
+    async def agen() -> Any:
+        yield 1
+
+    with pytest.raises(TypeError, match="not flows"):
+        locked_task("k")(a_flow)
+    with pytest.raises(TypeError, match="cannot lock generator function"):
+        locked_task("k")(gen)
+    with pytest.raises(TypeError, match="cannot lock generator function"):
+        locked_task("k")(agen)
+    with pytest.raises(TypeError, match="expects a task or a function, got int"):
+        locked_task("k")(3)  # type: ignore[call-overload]
+
+
+def test_both_orders_keep_the_task_identity() -> None:
+    original = task(body, name="regional-body", retries=3, retry_delay_seconds=0, tags={"x"})
+    above = locked_task("rollup:{region}")(original)
+    below = task(
+        locked_task("rollup:{region}")(body),
+        name="regional-body",
+        retries=3,
+        retry_delay_seconds=0,
+        tags={"x"},
+    )
+    for locked in (above, below):
+        assert locked.name == "regional-body"
+        assert locked.retries == 3
+        assert locked.tags == {"x"}
+        # Prefect keys tasks (and their cache) by the user's function, not by our wrapper.
+        assert locked.task_key == original.task_key
+        assert locked.fn.__name__ == "body"
+        assert locked.isasync is False
+    assert above is not original and original.fn is body
+
+
+def test_async_functions_stay_async() -> None:
+    async def abody(region: str) -> str:
+        return region
+
+    assert task(locked_task("r:{region}")(abody)).isasync
+    assert locked_task("r:{region}")(task(abody)).isasync
+
+
+def test_current_lease_outside_a_body() -> None:
+    with pytest.raises(RuntimeError, match="only available inside the body of a locked_task"):
+        current_lease()
