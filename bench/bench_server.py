@@ -105,15 +105,16 @@ def main() -> int:
                 drive(srv.url, srv.service_key, 1, 0.3)  # warm-up
                 for threads in thread_counts:
                     assert srv.proc is not None
-                    cpu0 = cpu_seconds(srv.proc.pid)
+                    cpu0, client0 = cpu_seconds(srv.proc.pid), time.process_time()
                     pairs, lat = drive(srv.url, srv.service_key, threads, args.seconds)
                     cpu_us = (cpu_seconds(srv.proc.pid) - cpu0) / max(1, 2 * pairs) * 1e6
+                    client_us = (time.process_time() - client0) / max(1, 2 * pairs) * 1e6
                     rate = pairs / args.seconds
                     lat_ms = sorted(x * 1000 for x in lat)
                     p99 = lat_ms[min(len(lat_ms) - 1, int(len(lat_ms) * 0.99))]
                     rows.append(
                         (name, "on" if log_requests else "off", threads, rate, 2 * rate,
-                         statistics.median(lat_ms), p99, cpu_us)
+                         statistics.median(lat_ms), p99, cpu_us, client_us)
                     )  # fmt: skip
     if any(db for _, db in storages):
         import psycopg
@@ -127,23 +128,14 @@ def main() -> int:
     print(f"Server throughput: acquire+release pairs over keep-alive HTTP/1.1 ({args.seconds:g} s per row)\n")
     load = os.getloadavg()[0]
     print(f"Machine: {os.cpu_count()} CPUs, load average {load:.1f} at the end (clients share the machine)\n")
-    print(
-        "| storage | request log | client threads | pairs/s | requests/s | pair p50 ms | pair p99 ms"
-        " | server CPU µs/request |"
-    )
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for name, log, threads, rate, ops, p50, p99, cpu_us in rows:
-        cells = [
-            name,
-            log,
-            threads,
-            f"{rate:,.0f}",
-            f"{ops:,.0f}",
-            f"{p50:.2f}",
-            f"{p99:.2f}",
-            f"{cpu_us:,.0f}",
-        ]
-        print("| " + " | ".join(map(str, cells)) + " |")
+    header = ["storage", "request log", "client threads", "pairs/s", "requests/s", "pair p50 ms"]
+    header += ["pair p99 ms", "server CPU µs/request", "client CPU µs/request"]
+    print("| " + " | ".join(header) + " |")
+    print("| --- | --- |" + " ---: |" * (len(header) - 2))
+    for name, log, threads, rate, ops, p50, p99, cpu_us, client_us in rows:
+        cells = [name, log, str(threads), f"{rate:,.0f}", f"{ops:,.0f}", f"{p50:.2f}", f"{p99:.2f}"]
+        cells += [f"{cpu_us:,.0f}", f"{client_us:,.0f}"]
+        print("| " + " | ".join(cells) + " |")
     return 0
 
 
