@@ -71,7 +71,9 @@ def test_contention_ownership_lost_on_reacquire_of_lapsing_lease(
 ) -> None:
     with VolcanoLocks(volcano_server.url, service_key=volcano_server.service_key) as client:
         lease = client.acquire(unique_key, 5)
-        time.sleep(max(0.0, lease.local_deadline - 0.5 - time.monotonic()))  # within the last second
+        # Aim early in the server's last second before expiry (same machine, same wall clock), leaving
+        # the most room for a late arrival: anything up to the end of the 1 s grace still gets this 409.
+        time.sleep(max(0.0, lease.expires_at.timestamp() - 0.8 - time.time()))
         with pytest.raises(OwnershipLost) as info:
             client.acquire(unique_key, 5, token=lease.token)
         assert info.value.code == "lock_ownership_lost"
