@@ -9,7 +9,7 @@ What it does: starts a local lock server with fault injection (503s, dropped con
 past the TTL), runs one flow that submits sync and async ``locked_task`` runs, one key each, whose bodies
 outlive several renewals and write through the fencing check, while a thief force-releases two of the
 keys mid-run and writes with its own newer lease. It records each task's final state, the server's request
-log and the fenced tables, and writes them as JSON for ``test_chaos_prefect.py`` to judge.
+log and the fenced tables, and writes them as JSON for ``test_prefect_chaos.py`` to judge.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def _thief(
             except VolcanoError as exc:
                 out.append({"key": key, "stole": False, "error": type(exc).__name__})
                 continue
-            store = open_store(store_path, tables[key])
+            store = open_store(store_path, tables[key], lock_key=key)
             accepted = store.write(lease.fencing_token, "thief", writer="thief", cs=0)
             store.close()
             # Only the hash prefix the server logs, so the test can tell the thief's lease from the task's.
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     tables = {k: f"chaos_pf_{run}_{i}" for i, k in enumerate(keys)}
     store_path = str(work / "fenced.sqlite3")
     for table in tables.values():
-        open_store(store_path, table).close()
+        open_store(store_path, table).current()  # create the tables up front
     bodies: list[dict[str, Any]] = []
     bodies_lock = threading.Lock()
 
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     @task
     def sync_job(key: str) -> int:
         rec = body_record(key, "sync")
-        store = open_store(store_path, tables[key])
+        store = open_store(store_path, tables[key], lock_key=key)
         try:
             end = time.monotonic() + BODY_SECONDS
             while time.monotonic() < end:
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     @task
     async def async_job(key: str) -> int:
         rec = body_record(key, "async")
-        store = open_store(store_path, tables[key])
+        store = open_store(store_path, tables[key], lock_key=key)
         try:
             end = time.monotonic() + BODY_SECONDS
             while time.monotonic() < end:

@@ -133,9 +133,9 @@ class ChaosRun:
             "--store", self._store_url(), "--table", self.table, "--log", str(log),
             "--server", str(server), "--seed", str(self.cfg.seed * 1000 + n),
         ]  # fmt: skip
-        interrupt = n % 2 == 1
+        interrupt = n % 3 == 1
         if interrupt:
-            cmd.append("--interrupt")  # half the workers have loss raised into their body
+            cmd.append("--interrupt")  # a third of the workers have loss raised into their body
         out = open(self.cfg.workdir / f"{name}.out", "wb")  # noqa: SIM115 - the child keeps it
         proc = subprocess.Popen(
             cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
@@ -182,7 +182,7 @@ class ChaosRun:
         while time.monotonic() < end:
             holders = self._holders()
             plain = [w for w in holders if not w.interrupt]
-            if plain or (holders and not (prefer_plain and time.monotonic() < start + timeout * 2 / 3)):
+            if plain or (holders and not (prefer_plain and time.monotonic() < start + timeout * 0.9)):
                 return (plain or holders)[0]
             self._tick()
             time.sleep(0.05)
@@ -235,7 +235,7 @@ class ChaosRun:
     def _worker_stop(self, duration: float) -> None:
         for _ in range(20):
             # A body without interrupt=True keeps running after SIGCONT, so its late write shows fencing.
-            w = self._wait_for_holder(15.0, prefer_plain=True)
+            w = self._wait_for_holder(20.0, prefer_plain=True)
             if w is None:
                 break
             w.proc.send_signal(signal.SIGSTOP)
@@ -311,7 +311,8 @@ class ChaosRun:
         if not clock_is_shared():
             raise RuntimeError("time.monotonic() is not the machine-wide CLOCK_MONOTONIC here")
         cfg = self.cfg
-        store = open_store(self._store_url(), self.table)
+        store = open_store(self._store_url(), self.table, lock_key=cfg.key)
+        store.current()  # creates the tables before the workers race to
         try:
             self._start_servers()
             for _ in range(cfg.workers):

@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     flags = _Flags()
     rng = random.Random(args.seed)
     log = EventLog(args.log, args.name)
-    stores = [open_store(args.store, args.table)]
+    stores = [open_store(args.store, args.table, lock_key=args.key)]
 
     def on_term(signum: int, frame: FrameType | None) -> None:
         flags.stop = True
@@ -174,7 +174,7 @@ def _reopen(store: Any, args: argparse.Namespace, flags: _Flags) -> Any:
     flags.in_write = False
     with contextlib.suppress(Exception):
         store.close()
-    return open_store(args.store, args.table)
+    return open_store(args.store, args.table, lock_key=args.key)
 
 
 def _body(
