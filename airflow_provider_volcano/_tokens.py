@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 __all__ = ["TaskIdentity", "derive_token"]
@@ -42,7 +43,7 @@ class TaskIdentity:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, object]) -> TaskIdentity:
+    def from_dict(cls, data: Mapping[str, object]) -> TaskIdentity:
         """Rebuild an identity from :meth:`as_dict` output."""
         return cls(
             dag_id=str(data["dag_id"]),

@@ -98,7 +98,11 @@ def bench_triggers(counts: list[int], seconds: float, poll: float) -> list[dict[
         rows = []
         with VolcanoLocks(server.url, service_key=service_key) as holder:
             for i, n in enumerate(counts):
-                rows.append(asyncio.run(_wait_phase(server, f"bench-airflow-{os.getpid()}-{i}", n, seconds, poll, holder)))
+                rows.append(
+                    asyncio.run(
+                        _wait_phase(server, f"bench-airflow-{os.getpid()}-{i}", n, seconds, poll, holder)
+                    )
+                )
         return rows
 
 
@@ -118,7 +122,11 @@ def bench_import(repeats: int) -> tuple[float, float, list[float]]:
     base, added = [], []
     for _ in range(repeats):
         out = subprocess.run(
-            [sys.executable, "-c", _IMPORT_PROBE], capture_output=True, text=True, check=True, env=os.environ.copy()
+            [sys.executable, "-c", _IMPORT_PROBE],
+            capture_output=True,
+            text=True,
+            check=True,
+            env=os.environ.copy(),
         ).stdout.split()
         base.append(float(out[-2]))
         added.append(float(out[-1]))
@@ -126,7 +134,9 @@ def bench_import(repeats: int) -> tuple[float, float, list[float]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--triggers", type=int, default=500)
     parser.add_argument("--seconds", type=float, default=30.0, help="measured waiting window per row")
     parser.add_argument("--poll", type=float, default=2.0, help="the triggers' poll interval")
@@ -139,14 +149,20 @@ def main() -> None:
     os.environ.setdefault("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", f"sqlite:///{home}/airflow.db")
 
     rows = bench_triggers(sorted({1, args.triggers}), args.seconds, args.poll)
-    print(f"\n### Triggers waiting on one held key in one event loop (poll {args.poll:g} s, "
-          f"{args.seconds:g} s window, {os.cpu_count()} cores)\n")
-    print("| triggers | lock requests/min | CPU (% of one core) | process RSS MB | RSS added by triggers MB "
-          "| first acquire after release s | woken by one release |")
+    print(
+        f"\n### Triggers waiting on one held key in one event loop (poll {args.poll:g} s, "
+        f"{args.seconds:g} s window, {os.cpu_count()} cores)\n"
+    )
+    print(
+        "| triggers | lock requests/min | CPU (% of one core) | process RSS MB | RSS added by triggers MB "
+        "| first acquire after release s | woken by one release |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['triggers']:.0f} | {r['requests_per_min']:.1f} | {r['cpu_pct']:.2f} | {r['rss_mb']:.0f} "
-              f"| {r['rss_delta_mb']:.1f} | {r['first_acquire_s']:.2f} | {r['woke']:.0f} |")
+        print(
+            f"| {r['triggers']:.0f} | {r['requests_per_min']:.1f} | {r['cpu_pct']:.2f} | {r['rss_mb']:.0f} "
+            f"| {r['rss_delta_mb']:.1f} | {r['first_acquire_s']:.2f} | {r['woke']:.0f} |"
+        )
 
     base, added, all_added = bench_import(args.import_repeats)
     print(f"\n### Import time in fresh interpreters (median of {args.import_repeats})\n")

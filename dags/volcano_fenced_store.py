@@ -90,7 +90,8 @@ def fenced_write(resource: str, lock_key: str, fencing_token: int, value: str) -
         )
     if not accepted:
         raise StaleFencingToken(
-            f"stale write to {resource!r} rejected: fencing token {fencing_token} is older than the stored one"
+            f"stale write to {resource!r} rejected: "
+            f"fencing token {fencing_token} is older than the stored one"
         )
 
 
@@ -109,8 +110,7 @@ def history(resource: str) -> list[tuple[int, str, bool]]:
     with _connect() as (conn, p):
         _ensure(conn)
         rows = conn.execute(
-            "SELECT fencing_token, value, accepted FROM fenced_history"
-            f" WHERE resource = {p} ORDER BY id",
+            f"SELECT fencing_token, value, accepted FROM fenced_history WHERE resource = {p} ORDER BY id",
             (resource,),
         ).fetchall()
     return [(int(t), v, bool(a)) for t, v, a in rows]

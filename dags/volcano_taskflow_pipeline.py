@@ -26,7 +26,9 @@ def volcano_taskflow_pipeline() -> None:
     @task.volcano_lock(lock_key="{{ params.lock_key }}", ttl=15, on_contention="wait", deferrable=True)
     def load(rows: list[int], volcano_lease: dict | None = None) -> dict:
         assert volcano_lease is not None
-        fenced_write("warehouse:totals", volcano_lease["lock_key"], volcano_lease["fencing_token"], str(sum(rows)))
+        fenced_write(
+            "warehouse:totals", volcano_lease["lock_key"], volcano_lease["fencing_token"], str(sum(rows))
+        )
         return {"rows": len(rows), "fencing_token": volcano_lease["fencing_token"]}
 
     @task

@@ -7,7 +7,7 @@ import math
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.configuration import conf
@@ -15,10 +15,10 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException, Airfl
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
-    from volcano_locks import LockContention, LockLease, LockState, VolcanoLocks
 
     from airflow_provider_volcano._tokens import TaskIdentity
     from airflow_provider_volcano.hooks.volcano import VolcanoHook
+    from volcano_locks import LockContention, LockLease, LockState, VolcanoLocks
 
 __all__ = ["VolcanoLockContended", "VolcanoLockLost", "VolcanoLockOperator"]
 
@@ -88,7 +88,7 @@ class VolcanoLockOperator(BaseOperator):
     """
 
     template_fields: Sequence[str] = ("lock_key", "op_args", "op_kwargs")
-    template_fields_renderers = {"op_args": "py", "op_kwargs": "py"}
+    template_fields_renderers: ClassVar[dict[str, str]] = {"op_args": "py", "op_kwargs": "py"}
     shallow_copy_attrs: Sequence[str] = ("python_callable",)
     ui_color = "#f2c6b4"
 
@@ -114,19 +114,23 @@ class VolcanoLockOperator(BaseOperator):
             raise ValueError(f"lock_key must be a non-empty string, got {lock_key!r}")
         if on_contention not in ON_CONTENTION:
             raise ValueError(f"on_contention must be one of {ON_CONTENTION}, got {on_contention!r}")
-        if isinstance(poll_interval, bool) or not isinstance(poll_interval, int | float) or poll_interval <= 0:
+        if (
+            isinstance(poll_interval, bool)
+            or not isinstance(poll_interval, int | float)
+            or poll_interval <= 0
+        ):
             raise ValueError(f"poll_interval must be a positive number of seconds, got {poll_interval!r}")
         self.lock_key = lock_key
         self.python_callable = python_callable
-        self.op_args = list(op_args or [])
-        self.op_kwargs = dict(op_kwargs or {})
+        self.op_args: Collection[Any] = list(op_args or [])
+        self.op_kwargs: Mapping[str, Any] = dict(op_kwargs or {})
         self.ttl = _validate_ttl(ttl)
         self.on_contention = on_contention
         self.wait_timeout = _validate_wait_timeout(wait_timeout)
         self.deferrable = bool(deferrable)
         self.poll_interval = float(poll_interval)
         self.volcano_conn_id = volcano_conn_id
-        self._active: tuple[VolcanoLocks, Any] | None = None
+        self._active: Any = None  # the guard of the running block, for on_kill
         self._killed = False
 
     # -- helpers ---------------------------------------------------------------------------------
@@ -177,9 +181,7 @@ class VolcanoLockOperator(BaseOperator):
         deadline = None if self.wait_timeout is None else time.time() + self.wait_timeout
         return self._run_locked(context, deadline)
 
-    def execute_complete(
-        self, context: Context, event: dict[str, Any], deadline: float | None = None
-    ) -> Any:
+    def execute_complete(self, context: Context, event: dict[str, Any], deadline: float | None = None) -> Any:
         """Resume after :class:`VolcanoLockTrigger` fired: run if acquired, else fail with its reason."""
         status = event.get("status")
         message = event.get("message") or ""
@@ -197,7 +199,9 @@ class VolcanoLockOperator(BaseOperator):
                 f"Timed out waiting for lock {self.lock_key!r} "
                 f"(held with fencing token {event.get('fencing_token')}): {message}"
             )
-        raise AirflowException(f"Waiting for lock {self.lock_key!r} failed: {message or 'the trigger gave no reason'}")
+        raise AirflowException(
+            f"Waiting for lock {self.lock_key!r} failed: {message or 'the trigger gave no reason'}"
+        )
 
     def _run_locked(self, context: Context, deadline: float | None) -> Any:
         from volcano_locks import InvalidRequest, LockContention, OwnershipLost, WaitTimeout
@@ -232,9 +236,12 @@ class VolcanoLockOperator(BaseOperator):
                 entered = True
                 lease = guard.lease
                 self.log.info(
-                    "Holding lock %r (fencing token %s, ttl %s s)", self.lock_key, lease.fencing_token, self.ttl
+                    "Holding lock %r (fencing token %s, ttl %s s)",
+                    self.lock_key,
+                    lease.fencing_token,
+                    self.ttl,
                 )
-                self._active = (client, guard)
+                self._active = guard
                 result = self._call(context, lease)
             # Belt and braces: a loss the keeper noticed as the block ended still fails the task.
             if guard is not None and guard.lost:
@@ -294,7 +301,7 @@ class VolcanoLockOperator(BaseOperator):
             return
         from volcano_locks import VolcanoError
 
-        client, guard = active
+        guard = active
         self._killed = True
         lease = guard.lease
         if lease is None:

@@ -19,9 +19,8 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from airflow_provider_volcano._tokens import TaskIdentity, derive_token
 
 if TYPE_CHECKING:
-    from volcano_locks import AsyncVolcanoLocks, LockLease, LockState
-
     from airflow_provider_volcano.hooks.volcano import VolcanoConnectionConfig
+    from volcano_locks import AsyncVolcanoLocks, LockLease, LockState
 
 __all__ = ["VolcanoLockTrigger"]
 
@@ -248,9 +247,9 @@ class SharedKeyPoller:
 
 # Pollers are scoped to the event loop that runs them (the triggerer runs one loop for all its
 # triggers); a WeakKeyDictionary forgets a loop's pollers when the loop is gone.
-_POLLERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, str, str], SharedKeyPoller]] = (
-    weakref.WeakKeyDictionary()
-)
+_POLLERS: weakref.WeakKeyDictionary[
+    asyncio.AbstractEventLoop, dict[tuple[str, str, str], SharedKeyPoller]
+] = weakref.WeakKeyDictionary()
 
 
 def shared_poller(config: VolcanoConnectionConfig, key: str) -> SharedKeyPoller:
@@ -305,7 +304,7 @@ class VolcanoLockTrigger(BaseTrigger):
         deadline: float | None = None,
         poll: float = 2.0,
     ) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.volcano_conn_id = volcano_conn_id
         self.lock_key = lock_key
         self.ttl = int(ttl)
@@ -329,7 +328,7 @@ class VolcanoLockTrigger(BaseTrigger):
 
     def _event(self, status: str, message: str, state: Any = None) -> TriggerEvent:
         expires_at = getattr(state, "expires_at", None)
-        return TriggerEvent(
+        return TriggerEvent(  # type: ignore[no-untyped-call]
             {
                 "status": status,
                 "lock_key": self.lock_key,

@@ -71,13 +71,13 @@ class VolcanoConn:
 
 
 @pytest.fixture(scope="session")
-def volcano_keys(volcano_server) -> tuple[str, str]:  # type: ignore[no-untyped-def]
+def volcano_keys(volcano_server) -> tuple[str, str]:
     """One service key and one anon key for the session (the harness mints a new one per access)."""
     return volcano_server.service_key, volcano_server.anon_key
 
 
 @pytest.fixture
-def volcano_conn(volcano_server, volcano_keys, monkeypatch: pytest.MonkeyPatch) -> VolcanoConn:  # type: ignore[no-untyped-def]
+def volcano_conn(volcano_server, volcano_keys, monkeypatch: pytest.MonkeyPatch) -> VolcanoConn:
     """Point AIRFLOW_CONN_VOLCANO_DEFAULT at the session's local Volcano server."""
     service_key, anon_key = volcano_keys
     monkeypatch.setenv(

@@ -9,16 +9,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from volcano_locks import VolcanoLocks
 
 from airflow_provider_volcano._tokens import TaskIdentity, derive_token
+from volcano_locks import VolcanoLocks
 
 DAGS = Path(__file__).resolve().parents[2] / "dags"
 TESTED = {"volcano_daily_rollup", "volcano_migration", "volcano_taskflow_pipeline"}
 
 
 @pytest.fixture(scope="module")
-def dagbag(airflow_db):  # type: ignore[no-untyped-def]
+def dagbag(airflow_db):
     # The bundle-aware bag puts dags/ on sys.path, as the dag processor and workers do.
     from airflow.dag_processing.dagbag import BundleDagBag
 
@@ -33,7 +33,7 @@ def examples_db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture
-def outside(volcano_conn):  # type: ignore[no-untyped-def]
+def outside(volcano_conn):
     with VolcanoLocks(volcano_conn.url, volcano_conn.anon_key, volcano_conn.service_key) as client:
         yield client
 
@@ -43,7 +43,9 @@ def _xcoms(dag_run: Any, task_id: str) -> dict[str, Any]:
     from airflow.utils.session import create_session
 
     with create_session() as session:
-        rows = session.query(XComModel).filter_by(dag_id=dag_run.dag_id, run_id=dag_run.run_id, task_id=task_id)
+        rows = session.query(XComModel).filter_by(
+            dag_id=dag_run.dag_id, run_id=dag_run.run_id, task_id=task_id
+        )
         return {row.key: XComModel.deserialize_value(row) for row in rows}
 
 
@@ -52,7 +54,11 @@ def _task_instance(dag_run: Any, task_id: str) -> Any:
     from airflow.utils.session import create_session
 
     with create_session() as session:
-        ti = session.query(TaskInstance).filter_by(dag_id=dag_run.dag_id, run_id=dag_run.run_id, task_id=task_id).one()
+        ti = (
+            session.query(TaskInstance)
+            .filter_by(dag_id=dag_run.dag_id, run_id=dag_run.run_id, task_id=task_id)
+            .one()
+        )
         session.expunge(ti)
         return ti
 
@@ -66,12 +72,12 @@ def _states(dag_run: Any) -> dict[str, str]:
         return {ti.task_id: str(ti.state) for ti in tis}
 
 
-def test_every_dag_in_dags_folder_loads_and_is_tested(dagbag) -> None:  # type: ignore[no-untyped-def]
+def test_every_dag_in_dags_folder_loads_and_is_tested(dagbag) -> None:
     assert dagbag.import_errors == {}
     assert set(dagbag.dag_ids) == TESTED
 
 
-def test_daily_rollup_writes_through_the_fence(dagbag, volcano_conn, examples_db, unique_key) -> None:  # type: ignore[no-untyped-def]
+def test_daily_rollup_writes_through_the_fence(dagbag, volcano_conn, examples_db, unique_key) -> None:
     from volcano_fenced_store import history
 
     dr = dagbag.get_dag("volcano_daily_rollup").test(run_conf={"lock_key": unique_key})
@@ -82,7 +88,9 @@ def test_daily_rollup_writes_through_the_fence(dagbag, volcano_conn, examples_db
     assert writes and writes[-1][0] == lease["fencing_token"] and writes[-1][2]
 
 
-def test_daily_rollup_skips_while_another_leader_holds_the_lock(dagbag, volcano_conn, outside, examples_db, unique_key) -> None:  # type: ignore[no-untyped-def]
+def test_daily_rollup_skips_while_another_leader_holds_the_lock(
+    dagbag, volcano_conn, outside, examples_db, unique_key
+) -> None:
     held = outside.acquire(unique_key, 60)
     try:
         dr = dagbag.get_dag("volcano_daily_rollup").test(run_conf={"lock_key": unique_key})
@@ -91,7 +99,7 @@ def test_daily_rollup_skips_while_another_leader_holds_the_lock(dagbag, volcano_
     assert _states(dr) == {"rollup": "skipped"}
 
 
-def test_migration_defers_while_held_from_outside_and_resumes_after_release(  # type: ignore[no-untyped-def]
+def test_migration_defers_while_held_from_outside_and_resumes_after_release(
     dagbag, volcano_conn, outside, examples_db, unique_key
 ) -> None:
     from volcano_fenced_store import history
@@ -137,7 +145,9 @@ def test_migration_defers_while_held_from_outside_and_resumes_after_release(  # 
     assert [w[0] for w in history(f"schema-{unique_key}")] == [lease["fencing_token"]] * 2
 
 
-def test_taskflow_pipeline_passes_the_fencing_token_downstream(dagbag, volcano_conn, examples_db, unique_key) -> None:  # type: ignore[no-untyped-def]
+def test_taskflow_pipeline_passes_the_fencing_token_downstream(
+    dagbag, volcano_conn, examples_db, unique_key
+) -> None:
     dr = dagbag.get_dag("volcano_taskflow_pipeline").test(run_conf={"lock_key": unique_key})
     assert dr.state == "success", _states(dr)
     load = _xcoms(dr, "load")
@@ -146,7 +156,7 @@ def test_taskflow_pipeline_passes_the_fencing_token_downstream(dagbag, volcano_c
     assert verify["return_value"] == load["volcano_lease"]["fencing_token"]
 
 
-def test_migration_fails_and_names_the_loss_when_force_released(  # type: ignore[no-untyped-def]
+def test_migration_fails_and_names_the_loss_when_force_released(
     dagbag, volcano_conn, outside, examples_db, unique_key, capfd
 ) -> None:
     def force_release_when_held() -> None:

@@ -67,7 +67,9 @@ class Stack:
 
     def alive(self) -> None:
         for name, proc in self.procs.items():
-            assert proc.poll() is None, f"airflow {name} exited:\n" + (self.home / f"{name}.out").read_text()[-3000:]
+            assert proc.poll() is None, (
+                f"airflow {name} exited:\n" + (self.home / f"{name}.out").read_text()[-3000:]
+            )
 
     def stop(self) -> None:
         for proc in self.procs.values():
@@ -85,7 +87,7 @@ class Stack:
 
 
 @pytest.fixture
-def stack(airflow_db: Path, volcano_conn, tmp_path: Path) -> Iterator[Stack]:  # type: ignore[no-untyped-def]
+def stack(airflow_db: Path, volcano_conn, tmp_path: Path) -> Iterator[Stack]:
     home = tmp_path / "airflow-home"
     home.mkdir()
     shutil.copy(airflow_db / "airflow.pristine.db", home / "airflow.db")
@@ -109,7 +111,9 @@ def stack(airflow_db: Path, volcano_conn, tmp_path: Path) -> Iterator[Stack]:  #
     }
     s = Stack(home, env)
     try:
-        s.start("api-server", "api-server", "--apps", "execution", "-H", "127.0.0.1", "-p", str(port), "-w", "1")
+        s.start(
+            "api-server", "api-server", "--apps", "execution", "-H", "127.0.0.1", "-p", str(port), "-w", "1"
+        )
         s.start("dag-processor", "dag-processor")
         s.start("scheduler", "scheduler")
         s.start("triggerer", "triggerer")
@@ -118,7 +122,9 @@ def stack(airflow_db: Path, volcano_conn, tmp_path: Path) -> Iterator[Stack]:  #
         s.stop()
 
 
-def test_two_runs_contend_one_defers_both_succeed_nothing_secret_stored(stack: Stack, volcano_conn, unique_key) -> None:  # type: ignore[no-untyped-def]
+def test_two_runs_contend_one_defers_both_succeed_nothing_secret_stored(
+    stack: Stack, volcano_conn, unique_key
+) -> None:
     resource = f"schema-{unique_key}"
     deadline = time.monotonic() + 120
     while not stack.query("SELECT 1 FROM serialized_dag WHERE dag_id = ?", DAG_ID):
@@ -156,7 +162,8 @@ def test_two_runs_contend_one_defers_both_succeed_nothing_secret_stored(stack: S
     # The fenced table: the runs' steps did not interleave, and no stale write landed.
     conn = sqlite3.connect(stack.env["VOLCANO_EXAMPLES_DB"])
     writes = conn.execute(
-        "SELECT fencing_token, value, accepted FROM fenced_history WHERE resource = ? ORDER BY id", (resource,)
+        "SELECT fencing_token, value, accepted FROM fenced_history WHERE resource = ? ORDER BY id",
+        (resource,),
     ).fetchall()
     conn.close()
     assert len(writes) == 10 and all(accepted for _, _, accepted in writes)
@@ -172,18 +179,28 @@ def test_two_runs_contend_one_defers_both_succeed_nothing_secret_stored(stack: S
         "SELECT dag_id, task_id, run_id, map_index, try_number FROM task_instance WHERE dag_id = ?", DAG_ID
     ):
         for n in range(1, try_number + 1):
-            secrets.add(derive_token(volcano_conn.service_key, TaskIdentity(dag_id, task_id, run_id, map_index, n), unique_key))
+            secrets.add(
+                derive_token(
+                    volcano_conn.service_key, TaskIdentity(dag_id, task_id, run_id, map_index, n), unique_key
+                )
+            )
     assert len(secrets) == 4
     stored = {
-        "trigger rows": "\n".join(trigger_rows + [json.dumps(r, default=str) for r in stack.query("SELECT * FROM trigger")]),
+        "trigger rows": "\n".join(
+            trigger_rows + [json.dumps(r, default=str) for r in stack.query("SELECT * FROM trigger")]
+        ),
         "xcom rows": json.dumps(stack.query("SELECT * FROM xcom"), default=str),
         "next_kwargs": json.dumps(
             stack.query("SELECT next_method, next_kwargs FROM task_instance")
             + stack.query("SELECT next_method, next_kwargs FROM task_instance_history"),
             default=str,
         ),
-        "rendered fields": json.dumps(stack.query("SELECT * FROM rendered_task_instance_fields"), default=str),
-        "task logs": "\n".join(p.read_text(errors="replace") for p in (stack.home / "logs").rglob("*") if p.is_file()),
+        "rendered fields": json.dumps(
+            stack.query("SELECT * FROM rendered_task_instance_fields"), default=str
+        ),
+        "task logs": "\n".join(
+            p.read_text(errors="replace") for p in (stack.home / "logs").rglob("*") if p.is_file()
+        ),
     }
     assert "volcano_lease" in stored["xcom rows"] and "fencing_token" in stored["xcom rows"]
     assert "deferring until it is free" in stored["task logs"]

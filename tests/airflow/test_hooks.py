@@ -55,7 +55,13 @@ def test_bare_host_defaults_to_https_and_keeps_port_and_prefix(monkeypatch: pyte
         monkeypatch,
         "v_bare",
         json.dumps(
-            {"conn_type": "volcano", "host": "locks.example", "port": 8443, "schema": "v1", "password": SECRET}
+            {
+                "conn_type": "volcano",
+                "host": "locks.example",
+                "port": 8443,
+                "schema": "v1",
+                "password": SECRET,
+            }
         ),
     )
     assert VolcanoHook("v_bare").config.api_url == "https://locks.example:8443/v1"
@@ -88,7 +94,12 @@ def test_hook_timeout_overrides_connection(monkeypatch: pytest.MonkeyPatch) -> N
         ({"conn_type": "volcano", "host": "ftp://x.test", "password": SECRET}, "is not an http(s) URL"),
         ({"conn_type": "volcano", "host": "http://x.test:99999", "password": SECRET}, "invalid port"),
         (
-            {"conn_type": "volcano", "host": "http://x.test", "password": SECRET, "extra": {"timeout": "soon"}},
+            {
+                "conn_type": "volcano",
+                "host": "http://x.test",
+                "password": SECRET,
+                "extra": {"timeout": "soon"},
+            },
             "timeout must be a number of seconds, got 'soon'",
         ),
         (
@@ -110,7 +121,7 @@ def test_bad_connections_get_clear_errors(
 ) -> None:
     _env(monkeypatch, "v_bad", json.dumps(conn))
     with pytest.raises(VolcanoConnectionError) as info:
-        VolcanoHook("v_bad").config
+        _ = VolcanoHook("v_bad").config
     assert message in str(info.value)
     assert "'v_bad'" in str(info.value)
     assert SECRET not in str(info.value)
@@ -122,10 +133,10 @@ def test_missing_connection_names_it() -> None:
     from airflow.sdk.exceptions import AirflowNotFoundException
 
     with pytest.raises(AirflowNotFoundException, match="v_nowhere"):
-        VolcanoHook("v_nowhere").config
+        _ = VolcanoHook("v_nowhere").config
 
 
-def test_test_connection_ok_against_real_server(volcano_conn) -> None:  # type: ignore[no-untyped-def]
+def test_test_connection_ok_against_real_server(volcano_conn) -> None:
     ok, message = VolcanoHook().test_connection()
     assert ok, message
     assert volcano_conn.url in message
@@ -144,13 +155,15 @@ def test_test_connection_reports_unreachable_url(monkeypatch: pytest.MonkeyPatch
     assert SECRET not in message
 
 
-def test_test_connection_reports_bad_key(volcano_server, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+def test_test_connection_reports_bad_key(volcano_server, monkeypatch: pytest.MonkeyPatch) -> None:
     _env(monkeypatch, "v_badkey", volcano_conn_json(volcano_server.url, "not.a.jwt"))
     ok, message = VolcanoHook("v_badkey").test_connection()
     assert not ok and "rejected" in message and "401" in message
 
 
-def test_test_connection_reports_key_without_locks_manage(volcano_server, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+def test_test_connection_reports_key_without_locks_manage(
+    volcano_server, monkeypatch: pytest.MonkeyPatch
+) -> None:
     scoped = volcano_server.mint_key(permissions=["storage.read"])
     _env(monkeypatch, "v_scoped", volcano_conn_json(volcano_server.url, scoped))
     ok, message = VolcanoHook("v_scoped").test_connection()

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 from airflow.sdk.exceptions import AirflowSkipException, TaskDeferred
-from volcano_locks import VolcanoLocks
 
 from airflow_provider_volcano._tokens import TaskIdentity, derive_token
 from airflow_provider_volcano.operators.lock import (
@@ -18,6 +17,7 @@ from airflow_provider_volcano.operators.lock import (
     VolcanoLockOperator,
 )
 from airflow_provider_volcano.triggers.lock import VolcanoLockTrigger
+from volcano_locks import VolcanoLocks
 
 
 class _TI(SimpleNamespace):
@@ -31,7 +31,7 @@ def _context(task_id: str = "t", try_number: int = 1) -> dict[str, Any]:
 
 
 @pytest.fixture
-def outside(volcano_conn):  # type: ignore[no-untyped-def]
+def outside(volcano_conn):
     """A core client holding locks from outside Airflow."""
     with VolcanoLocks(volcano_conn.url, volcano_conn.anon_key, volcano_conn.service_key) as client:
         yield client
@@ -58,7 +58,7 @@ def test_bad_arguments_are_rejected_at_construction(kwargs: dict[str, Any], mess
         _op("k", **kwargs)
 
 
-def test_runs_callable_under_the_lock_and_pushes_public_lease(volcano_conn, outside, unique_key) -> None:  # type: ignore[no-untyped-def]
+def test_runs_callable_under_the_lock_and_pushes_public_lease(volcano_conn, outside, unique_key) -> None:
     seen: dict[str, Any] = {}
 
     def work(x: int, volcano_lease: dict[str, Any]) -> int:
@@ -76,7 +76,7 @@ def test_runs_callable_under_the_lock_and_pushes_public_lease(volcano_conn, outs
     assert outside.get(unique_key).held is False  # released afterwards
 
 
-def test_releases_when_the_callable_fails(volcano_conn, outside, unique_key) -> None:  # type: ignore[no-untyped-def]
+def test_releases_when_the_callable_fails(volcano_conn, outside, unique_key) -> None:
     def boom() -> None:
         raise RuntimeError("callable failed")
 
@@ -85,7 +85,7 @@ def test_releases_when_the_callable_fails(volcano_conn, outside, unique_key) -> 
     assert outside.get(unique_key).held is False
 
 
-def test_skip_names_the_lock_and_the_holders_fencing_token(volcano_conn, outside, unique_key) -> None:  # type: ignore[no-untyped-def]
+def test_skip_names_the_lock_and_the_holders_fencing_token(volcano_conn, outside, unique_key) -> None:
     held = outside.acquire(unique_key, 30)
     with pytest.raises(AirflowSkipException) as info:
         _op(unique_key, on_contention="skip").execute(_context())
@@ -93,7 +93,7 @@ def test_skip_names_the_lock_and_the_holders_fencing_token(volcano_conn, outside
     outside.release(unique_key, held)
 
 
-def test_fail_names_the_lock_and_the_holders_fencing_token(volcano_conn, outside, unique_key) -> None:  # type: ignore[no-untyped-def]
+def test_fail_names_the_lock_and_the_holders_fencing_token(volcano_conn, outside, unique_key) -> None:
     held = outside.acquire(unique_key, 30)
     with pytest.raises(VolcanoLockContended) as info:
         _op(unique_key, on_contention="fail").execute(_context())
@@ -101,7 +101,7 @@ def test_fail_names_the_lock_and_the_holders_fencing_token(volcano_conn, outside
     outside.release(unique_key, held)
 
 
-def test_wait_in_place_times_out_naming_the_holder(volcano_conn, outside, unique_key) -> None:  # type: ignore[no-untyped-def]
+def test_wait_in_place_times_out_naming_the_holder(volcano_conn, outside, unique_key) -> None:
     held = outside.acquire(unique_key, 30)
     with pytest.raises(VolcanoLockContended, match="Timed out") as info:
         _op(unique_key, deferrable=False, wait_timeout=1.5, poll_interval=0.5).execute(_context())
@@ -109,7 +109,7 @@ def test_wait_in_place_times_out_naming_the_holder(volcano_conn, outside, unique
     outside.release(unique_key, held)
 
 
-def test_wait_in_place_acquires_after_release(volcano_conn, outside, unique_key) -> None:  # type: ignore[no-untyped-def]
+def test_wait_in_place_acquires_after_release(volcano_conn, outside, unique_key) -> None:
     held = outside.acquire(unique_key, 30)
     threading.Timer(1.0, outside.release, (unique_key, held)).start()
     ctx = _context()
@@ -117,7 +117,7 @@ def test_wait_in_place_acquires_after_release(volcano_conn, outside, unique_key)
     assert ctx["ti"].xcoms["volcano_lease"]["fencing_token"] > held.fencing_token
 
 
-def test_deferrable_wait_defers_with_primitive_trigger(volcano_conn, outside, unique_key) -> None:  # type: ignore[no-untyped-def]
+def test_deferrable_wait_defers_with_primitive_trigger(volcano_conn, outside, unique_key) -> None:
     held = outside.acquire(unique_key, 30)
     ctx = _context()
     with pytest.raises(TaskDeferred) as info:
@@ -125,7 +125,7 @@ def test_deferrable_wait_defers_with_primitive_trigger(volcano_conn, outside, un
     deferred = info.value
     assert deferred.method_name == "execute_complete"
     assert isinstance(deferred.trigger, VolcanoLockTrigger)
-    classpath, kwargs = deferred.trigger.serialize()
+    _, kwargs = deferred.trigger.serialize()
     assert kwargs["lock_key"] == unique_key and kwargs["deadline"] > time.time()
     assert deferred.kwargs == {"deadline": kwargs["deadline"]}
     token = derive_token(volcano_conn.service_key, TaskIdentity("d", "t", "manual__x", -1, 1), unique_key)
@@ -133,7 +133,7 @@ def test_deferrable_wait_defers_with_primitive_trigger(volcano_conn, outside, un
     outside.release(unique_key, held)
 
 
-def test_execute_complete_acquired_resumes_with_the_triggers_lease(volcano_conn, outside, unique_key) -> None:  # type: ignore[no-untyped-def]
+def test_execute_complete_acquired_resumes_with_the_triggers_lease(volcano_conn, outside, unique_key) -> None:
     # What the trigger does: acquire with the derived token; the task re-acquires the same lease.
     token = derive_token(volcano_conn.service_key, TaskIdentity("d", "t", "manual__x", -1, 1), unique_key)
     by_trigger = outside.acquire(unique_key, 30, token=token)
@@ -144,7 +144,9 @@ def test_execute_complete_acquired_resumes_with_the_triggers_lease(volcano_conn,
     assert outside.get(unique_key).held is False
 
 
-def test_execute_complete_acquired_but_taken_meanwhile_defers_again(volcano_conn, outside, unique_key) -> None:  # type: ignore[no-untyped-def]
+def test_execute_complete_acquired_but_taken_meanwhile_defers_again(
+    volcano_conn, outside, unique_key
+) -> None:
     held = outside.acquire(unique_key, 30)  # someone else got it between trigger and resume
     event = {"status": "acquired", "lock_key": unique_key, "fencing_token": held.fencing_token - 1}
     deadline = time.time() + 60
@@ -160,11 +162,11 @@ def test_execute_complete_timeout_and_error_fail(unique_key: str) -> None:
     op = _op(unique_key)
     with pytest.raises(VolcanoLockContended, match="fencing token 7"):
         op.execute_complete(_context(), {"status": "timeout", "fencing_token": 7, "message": "m"})
-    with pytest.raises(Exception, match="Waiting for lock .* failed: boom"):
+    with pytest.raises(Exception, match=r"Waiting for lock .* failed: boom"):
         op.execute_complete(_context(), {"status": "error", "message": "boom"})
 
 
-def test_loss_while_running_fails_the_task(volcano_conn, outside, unique_key) -> None:  # type: ignore[no-untyped-def]
+def test_loss_while_running_fails_the_task(volcano_conn, outside, unique_key) -> None:
     progress: list[int] = []
 
     def work() -> str:
@@ -179,7 +181,7 @@ def test_loss_while_running_fails_the_task(volcano_conn, outside, unique_key) ->
     assert len(progress) < 200  # the callable was interrupted
 
 
-def test_on_kill_releases_the_lock(volcano_conn, outside, unique_key) -> None:  # type: ignore[no-untyped-def]
+def test_on_kill_releases_the_lock(volcano_conn, outside, unique_key) -> None:
     op = _op(unique_key, ttl=6)
     released = threading.Event()
 

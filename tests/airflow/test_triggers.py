@@ -67,14 +67,16 @@ import hashlib  # noqa: E402
 import time  # noqa: E402
 
 import pytest  # noqa: E402
-from volcano_locks import VolcanoLocks  # noqa: E402
 
 from airflow_provider_volcano._tokens import derive_token  # noqa: E402
+from volcano_locks import VolcanoLocks  # noqa: E402
 
 
 def _trigger(key: str, n: int, **kwargs: object) -> VolcanoLockTrigger:
     identity = TaskIdentity("d", f"t{n}", "r", -1, 1).as_dict()
-    return VolcanoLockTrigger(volcano_conn_id="volcano_default", lock_key=key, ttl=10, identity=identity, **kwargs)  # type: ignore[arg-type]
+    return VolcanoLockTrigger(
+        volcano_conn_id="volcano_default", lock_key=key, ttl=10, identity=identity, **kwargs
+    )  # type: ignore[arg-type]
 
 
 async def _first_event(trigger: VolcanoLockTrigger) -> dict[str, object]:
@@ -84,12 +86,14 @@ async def _first_event(trigger: VolcanoLockTrigger) -> dict[str, object]:
 
 
 @pytest.fixture
-def outside(volcano_conn):  # type: ignore[no-untyped-def]
+def outside(volcano_conn):
     with VolcanoLocks(volcano_conn.url, volcano_conn.anon_key, volcano_conn.service_key) as client:
         yield client
 
 
-async def test_waiting_triggers_share_one_poller_and_one_release_wakes_one(volcano_conn, outside, unique_key) -> None:  # type: ignore[no-untyped-def]
+async def test_waiting_triggers_share_one_poller_and_one_release_wakes_one(
+    volcano_conn, outside, unique_key
+) -> None:
     held = outside.acquire(unique_key, 30)
     triggers = [_trigger(unique_key, n, poll=0.5) for n in range(8)]
     tasks = [asyncio.create_task(_first_event(t)) for t in triggers]
@@ -98,7 +102,7 @@ async def test_waiting_triggers_share_one_poller_and_one_release_wakes_one(volca
     # Eight triggers, one poller: about one read per 0.5 s interval (not eight).
     assert 3 <= len(gets) <= 9, len(gets)
     outside.release(unique_key, held)
-    done, pending = await asyncio.wait(tasks, timeout=5, return_when=asyncio.FIRST_COMPLETED)
+    await asyncio.wait(tasks, timeout=5, return_when=asyncio.FIRST_COMPLETED)
     await asyncio.sleep(1.0)
     assert len([t for t in tasks if t.done()]) == 1  # the others keep waiting: no thundering herd
     (event,) = [t.result() for t in tasks if t.done()]
@@ -113,7 +117,9 @@ async def test_waiting_triggers_share_one_poller_and_one_release_wakes_one(volca
     outside.force_release(unique_key)
 
 
-async def test_trigger_acquires_with_the_derived_token_and_leaks_no_secret(volcano_conn, outside, unique_key) -> None:  # type: ignore[no-untyped-def]
+async def test_trigger_acquires_with_the_derived_token_and_leaks_no_secret(
+    volcano_conn, outside, unique_key
+) -> None:
     trigger = _trigger(unique_key, 0, poll=0.5)
     event = await asyncio.wait_for(_first_event(trigger), 10)
     token = derive_token(volcano_conn.service_key, TaskIdentity("d", "t0", "r", -1, 1), unique_key)
@@ -127,24 +133,30 @@ async def test_trigger_acquires_with_the_derived_token_and_leaks_no_secret(volca
     outside.release(unique_key, again)
 
 
-async def test_trigger_times_out_naming_the_holder(volcano_conn, outside, unique_key) -> None:  # type: ignore[no-untyped-def]
+async def test_trigger_times_out_naming_the_holder(volcano_conn, outside, unique_key) -> None:
     held = outside.acquire(unique_key, 30)
     started = time.monotonic()
-    event = await asyncio.wait_for(_first_event(_trigger(unique_key, 0, poll=0.5, deadline=time.time() + 1.5)), 10)
+    event = await asyncio.wait_for(
+        _first_event(_trigger(unique_key, 0, poll=0.5, deadline=time.time() + 1.5)), 10
+    )
     assert event["status"] == "timeout" and event["fencing_token"] == held.fencing_token
     assert unique_key in str(event["message"]) and time.monotonic() - started < 8
     outside.release(unique_key, held)
 
 
-async def test_trigger_reports_a_rejected_key_as_error(volcano_server, monkeypatch, unique_key) -> None:  # type: ignore[no-untyped-def]
+async def test_trigger_reports_a_rejected_key_as_error(volcano_server, monkeypatch, unique_key) -> None:
     from volcano_airflow_testlib import volcano_conn_json
 
-    monkeypatch.setenv("AIRFLOW_CONN_VOLCANO_DEFAULT", volcano_conn_json(volcano_server.url, volcano_server.anon_key))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_VOLCANO_DEFAULT", volcano_conn_json(volcano_server.url, volcano_server.anon_key)
+    )
     event = await asyncio.wait_for(_first_event(_trigger(unique_key, 0, poll=0.5)), 10)
     assert event["status"] == "error" and unique_key in str(event["message"]), event
 
 
-async def test_trigger_reports_a_broken_connection_as_error(monkeypatch, unique_key) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setenv("AIRFLOW_CONN_VOLCANO_DEFAULT", json.dumps({"conn_type": "volcano", "password": "x" * 20}))
+async def test_trigger_reports_a_broken_connection_as_error(monkeypatch, unique_key) -> None:
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_VOLCANO_DEFAULT", json.dumps({"conn_type": "volcano", "password": "x" * 20})
+    )
     event = await asyncio.wait_for(_first_event(_trigger(unique_key, 0)), 10)
     assert event["status"] == "error" and "has no API URL" in str(event["message"])

@@ -1,0 +1,260 @@
+"""Chaos for the Airflow operator, full stack: no task reports success after its lock was lost.
+
+Real Airflow processes (api-server, scheduler with LocalExecutor, dag processor, triggerer, on SQLite)
+run two contending runs of the example migration DAG against a lock server of this test's own, with
+fault injection on (503s, dropped connections). While one run holds the lock, the lock server is killed
+with SIGKILL and kept down for longer than the lease's TTL + 1 s, then restarted on the same database:
+the holder's lease certainly lapses. Whether a lease was lost is decided from the lock server's own
+request log (``tests/chaos/oracle.py``), never from the client; each run's ownership tokens are derived
+the way the operator derives them. Belongs to the chaos suite (tests/chaos); it lives here because
+only the Airflow environment can run it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from volcano_airflow_testlib import DAGS, airflow_bin, volcano_conn_json
+
+from airflow_provider_volcano._tokens import TaskIdentity, derive_token
+from volcano_locks.server.harness import LocalServer
+
+REPO = Path(__file__).resolve().parents[3]
+if str(REPO) not in sys.path:  # the chaos suite's oracle lives in tests/chaos
+    sys.path.insert(0, str(REPO))
+
+from tests.chaos.oracle import lease_verdicts  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+DAG_ID = "volcano_migration"
+TTL = 10  # the migration DAG's lease TTL
+FAULTS = "status=503:rate=0.05,drop:rate=0.03"
+DOWNTIME = TTL + 3.0  # longer than TTL + the 1 s takeover grace: the holder's lease certainly lapses
+
+
+@dataclass(frozen=True)
+class ChaosConn:
+    """The faulty lock server this test's Airflow connection points at, with the exact keys in it."""
+
+    server: LocalServer
+    url: str
+    service_key: str = field(repr=False)
+    anon_key: str = field(repr=False)
+
+
+@pytest.fixture
+def chaos_conn(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ChaosConn]:
+    srv = LocalServer(db=str(tmp_path / "locks.sqlite3"), admin=True, quota=1_000_000, faults=FAULTS)
+    srv.start()
+    service_key, anon_key = srv.service_key, srv.anon_key
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_VOLCANO_DEFAULT", volcano_conn_json(srv.url, service_key, anon_key=anon_key)
+    )
+    try:
+        yield ChaosConn(srv, srv.url, service_key, anon_key)
+    finally:
+        srv.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Stack:
+    """The Airflow processes of this test, on a private AIRFLOW_HOME and SQLite metadata database."""
+
+    def __init__(self, home: Path, env: dict[str, str]) -> None:
+        self.home, self.env = home, env
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, name: str, *args: str) -> None:
+        with open(self.home / f"{name}.out", "wb") as out:
+            self.procs[name] = subprocess.Popen(
+                [airflow_bin(), *args],
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def cli(self, *args: str) -> str:
+        done = subprocess.run(
+            [airflow_bin(), *args], env=self.env, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, (args, done.stdout[-2000:], done.stderr[-2000:])
+        return done.stdout
+
+    def query(self, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+        conn = sqlite3.connect(self.home / "airflow.db", timeout=30)
+        try:
+            return conn.execute(sql, params).fetchall()
+        finally:
+            conn.close()
+
+    def alive(self) -> None:
+        for name, proc in self.procs.items():
+            assert proc.poll() is None, (
+                f"airflow {name} exited:\n" + (self.home / f"{name}.out").read_text()[-3000:]
+            )
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        for proc in self.procs.values():
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(5)
+
+
+@pytest.fixture
+def stack(airflow_db: Path, chaos_conn: ChaosConn, tmp_path: Path) -> Iterator[Stack]:
+    home = tmp_path / "airflow-home"
+    home.mkdir()
+    shutil.copy(airflow_db / "airflow.pristine.db", home / "airflow.db")
+    shutil.copy(airflow_db / "airflow.cfg", home / "airflow.cfg")  # same JWT secret for every process
+    port = _free_port()
+    env = {
+        **os.environ,
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
+        "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS),
+        "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+        "AIRFLOW__CORE__PARALLELISM": "4",
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
+        "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
+        "AIRFLOW__API__PORT": str(port),
+        "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(home / "logs"),
+        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+        "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
+        "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "1",
+        "VOLCANO_EXAMPLES_DB": str(tmp_path / "examples.sqlite"),
+    }
+    s = Stack(home, env)
+    try:
+        s.start(
+            "api-server", "api-server", "--apps", "execution", "-H", "127.0.0.1", "-p", str(port), "-w", "1"
+        )
+        s.start("dag-processor", "dag-processor")
+        s.start("scheduler", "scheduler")
+        s.start("triggerer", "triggerer")
+        yield s
+    finally:
+        s.stop()
+
+
+def _history(db: str, resource: str) -> list[tuple[int, str, bool]]:
+    if not Path(db).exists():
+        return []
+    conn = sqlite3.connect(db, timeout=30)
+    try:
+        rows = conn.execute(
+            "SELECT fencing_token, value, accepted FROM fenced_history WHERE resource = ? ORDER BY id",
+            (resource,),
+        ).fetchall()
+    except sqlite3.OperationalError:  # not created yet
+        return []
+    finally:
+        conn.close()
+    return [(int(t), str(v), bool(a)) for t, v, a in rows]
+
+
+def test_operator_never_succeeds_after_its_lock_was_lost_under_faults_and_a_server_kill(
+    stack: Stack, chaos_conn: ChaosConn, unique_key: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    srv = chaos_conn.server
+    resource = f"chaos-{unique_key}"
+    examples_db = stack.env["VOLCANO_EXAMPLES_DB"]
+    deadline = time.monotonic() + 180
+    while not stack.query("SELECT 1 FROM serialized_dag WHERE dag_id = ?", DAG_ID):
+        stack.alive()
+        assert time.monotonic() < deadline, "the dag processor never parsed the DAG"
+        time.sleep(1)
+    stack.cli("dags", "unpause", DAG_ID)
+    conf = json.dumps({"lock_key": unique_key, "steps": 8, "step_seconds": 1.5, "resource": resource})
+    for run_id in ("chaos_a", "chaos_b"):
+        stack.cli("dags", "trigger", DAG_ID, "--run-id", run_id, "--conf", conf)
+
+    # Once a run holds the lock and has written, kill the lock server past the lease's TTL.
+    requests: list[dict[str, Any]] = []
+    deadline = time.monotonic() + 240
+    while not _history(examples_db, resource):
+        stack.alive()
+        assert time.monotonic() < deadline, "no run ever wrote under the lock"
+        time.sleep(0.2)
+    holder_run = _history(examples_db, resource)[0][1].split(" step ")[0]
+    requests += [{**e, "seq": e["seq"]} for e in srv.requests()]
+    srv.kill()
+    killed_at = time.monotonic()
+    time.sleep(DOWNTIME)
+    srv.start()  # same port, database and secret
+    restarted_at = time.monotonic()
+
+    deadline = time.monotonic() + 300
+    while True:
+        stack.alive()
+        states = dict(stack.query("SELECT run_id, state FROM dag_run WHERE dag_id = ?", DAG_ID))
+        if len(states) == 2 and all(s in ("success", "failed") for s in states.values()):
+            break
+        assert time.monotonic() < deadline, f"runs did not finish (a hang): {states}"
+        time.sleep(0.5)
+    offset = 1 + max((e["seq"] for e in requests), default=0)  # the restarted server numbers afresh
+    requests += [{**e, "seq": e["seq"] + offset} for e in srv.requests()]
+
+    # Each run's ownership tokens, derived exactly as the operator derives them (one per try).
+    verdicts_by_run: dict[str, list[Any]] = {}
+    all_verdicts = lease_verdicts(requests, unique_key, TTL)
+    for dag_id, task_id, run_id, map_index, try_number in stack.query(
+        "SELECT dag_id, task_id, run_id, map_index, try_number FROM task_instance WHERE dag_id = ?", DAG_ID
+    ):
+        hashes = {
+            hashlib.sha256(
+                derive_token(
+                    chaos_conn.service_key, TaskIdentity(dag_id, task_id, run_id, map_index, n), unique_key
+                ).encode()
+            ).hexdigest()[:12]
+            for n in range(1, max(1, try_number) + 1)
+        }
+        verdicts_by_run[run_id] = [v for h, v in all_verdicts.items() if h in hashes]
+
+    lost_runs = {run for run, vs in verdicts_by_run.items() if any(v.lost for v in vs)}
+    where = f"states={states} holder={holder_run} verdicts={verdicts_by_run}"
+    for run_id, state in states.items():
+        if state == "success":
+            assert run_id not in lost_runs, "a run reported success after its lease was lost: " + where
+    # The attack landed: the run that held the lock while the server was down lost its lease, and failed.
+    assert holder_run in lost_runs, where
+    assert states[holder_run] == "failed", where
+
+    history = _history(examples_db, resource)
+    accepted = [t for t, _, ok in history if ok]
+    assert accepted == sorted(accepted), f"a stale write was accepted: {history}"
+    other = next(r for r in states if r != holder_run)
+    with capsys.disabled():
+        print(
+            f"\nairflow-chaos: runs=2 success={sum(s == 'success' for s in states.values())} "
+            f"failed={sum(s == 'failed' for s in states.values())} lost_on_server={len(lost_runs)} "
+            f"success_after_loss=0 holder={holder_run}:{states[holder_run]} other={other}:{states[other]} "
+            f"writes={len(accepted)} rejected={len(history) - len(accepted)} "
+            f"server_down_s={restarted_at - killed_at:.1f} (ttl {TTL}; faults {FAULTS})"
+        )
