@@ -43,6 +43,13 @@ class LeaseVerdict:
     lost: bool = False
     reasons: list[str] = field(default_factory=list)
 
+    def lapsed_by(self, t: float, ttl: int, *, max_delay: float = 0.0) -> bool:
+        """Whether the lease had certainly lapsed by ``t`` (e.g. when its task ended with no release)."""
+        if self.last_success is None:
+            return False
+        allowance = ttl + SLACK + (max_delay if self.last_success_delayed else 0.0)
+        return t - self.last_success > allowance
+
     def _lose(self, reason: str) -> None:
         self.lost = True
         self.reasons.append(reason)
@@ -85,8 +92,6 @@ def lease_verdicts(
             v._lose(f"{op} answered 409 at {t:.3f}")
         elif op == "release" and v.held_from is not None and v.released_at is None:
             v.released_at = t
-            assert v.last_success is not None
-            allowance = ttl + SLACK + (max_delay if v.last_success_delayed else 0.0)
-            if t - v.last_success > allowance and not v.lost:
+            if v.lapsed_by(t, ttl, max_delay=max_delay) and not v.lost:
                 v._lose(f"released {t - v.last_success:.2f} s after its last renewal (ttl {ttl})")
     return verdicts

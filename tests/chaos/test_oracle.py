@@ -76,6 +76,12 @@ def test_a_delayed_renewal_answered_409_after_the_release_is_not_a_loss() -> Non
     assert not v.lost
 
 
+def test_lapse_without_a_release_is_judged_against_when_the_holder_ended() -> None:
+    [v] = lease_verdicts([e(0, "acquire", 201), e(1.7, "renew", 200)], KEY, 5).values()
+    assert not v.lost and v.released_at is None
+    assert v.lapsed_by(9.0, 5) and not v.lapsed_by(6.0, 5)
+
+
 def test_other_keys_are_ignored() -> None:
     other = {
         "time": 0,

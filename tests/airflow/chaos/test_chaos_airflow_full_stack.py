@@ -24,6 +24,7 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -179,6 +180,21 @@ def _history(db: str, resource: str) -> list[tuple[int, str, bool]]:
     return [(int(t), str(v), bool(a)) for t, v, a in rows]
 
 
+def _task_log(stack: Stack, run_id: str) -> str:
+    """The last lines of a run's task log that say why it ended (for the report and failure messages)."""
+    lines: list[str] = []
+    for path in sorted((stack.home / "logs").rglob("*")):
+        if path.is_file() and f"run_id={run_id}" in str(path):
+            for line in path.read_text(errors="replace").splitlines():
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(record, dict) and record.get("level") in ("error", "warning", "critical"):
+                    lines.append(str(record.get("event", ""))[:200])
+    return " | ".join(lines[-4:])
+
+
 def test_operator_never_succeeds_after_its_lock_was_lost_under_faults_and_a_server_kill(
     stack: Stack, chaos_conn: ChaosConn, unique_key: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -223,10 +239,15 @@ def test_operator_never_succeeds_after_its_lock_was_lost_under_faults_and_a_serv
 
     # Each run's ownership tokens, derived exactly as the operator derives them (one per try).
     verdicts_by_run: dict[str, list[Any]] = {}
+    ended: dict[str, float] = {}
     all_verdicts = lease_verdicts(requests, unique_key, TTL)
-    for dag_id, task_id, run_id, map_index, try_number in stack.query(
-        "SELECT dag_id, task_id, run_id, map_index, try_number FROM task_instance WHERE dag_id = ?", DAG_ID
+    for dag_id, task_id, run_id, map_index, try_number, end_date in stack.query(
+        "SELECT dag_id, task_id, run_id, map_index, try_number, end_date FROM task_instance WHERE dag_id = ?",
+        DAG_ID,
     ):
+        if end_date:
+            when = datetime.fromisoformat(str(end_date))
+            ended[run_id] = (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
         hashes = {
             hashlib.sha256(
                 derive_token(
@@ -237,8 +258,16 @@ def test_operator_never_succeeds_after_its_lock_was_lost_under_faults_and_a_serv
         }
         verdicts_by_run[run_id] = [v for h, v in all_verdicts.items() if h in hashes]
 
-    lost_runs = {run for run, vs in verdicts_by_run.items() if any(v.lost for v in vs)}
-    where = f"states={states} holder={holder_run} verdicts={verdicts_by_run}"
+    # Lost: the server's log proves it, or no release ever came and the task ended after the lease lapsed.
+    lost_runs = {
+        run
+        for run, vs in verdicts_by_run.items()
+        if any(
+            v.lost or (v.released_at is None and run in ended and v.lapsed_by(ended[run], TTL)) for v in vs
+        )
+    }
+    logs = {run: _task_log(stack, run) for run in states}
+    where = f"states={states} holder={holder_run} verdicts={verdicts_by_run} ended={ended} logs={logs}"
     for run_id, state in states.items():
         if state == "success":
             assert run_id not in lost_runs, "a run reported success after its lease was lost: " + where
@@ -258,3 +287,4 @@ def test_operator_never_succeeds_after_its_lock_was_lost_under_faults_and_a_serv
             f"writes={len(accepted)} rejected={len(history) - len(accepted)} "
             f"server_down_s={restarted_at - killed_at:.1f} (ttl {TTL}; faults {FAULTS})"
         )
+        print(f"airflow-chaos: {other} ended: {logs[other][-600:]}")
