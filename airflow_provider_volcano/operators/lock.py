@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import timedelta
@@ -131,6 +132,7 @@ class VolcanoLockOperator(BaseOperator):
         self.poll_interval = float(poll_interval)
         self.volcano_conn_id = volcano_conn_id
         self._active: Any = None  # the guard of the running block, for on_kill
+        self._body_thread: int | None = None
         self._killed = False
 
     # -- helpers ---------------------------------------------------------------------------------
@@ -241,7 +243,7 @@ class VolcanoLockOperator(BaseOperator):
                     lease.fencing_token,
                     self.ttl,
                 )
-                self._active = guard
+                self._active, self._body_thread = guard, threading.get_ident()
                 result = self._call(context, lease)
             # Belt and braces: a loss the keeper noticed as the block ended still fails the task.
             if guard is not None and guard.lost:
@@ -253,7 +255,7 @@ class VolcanoLockOperator(BaseOperator):
                 return self._contended(None, exc, context, deadline)
             raise self._lost(exc) from None
         finally:
-            self._active = None
+            self._active = self._body_thread = None
 
     def _lost(self, exc: BaseException | None) -> VolcanoLockLost:
         why = "the task was killed and released it" if self._killed else str(exc)
@@ -295,20 +297,27 @@ class VolcanoLockOperator(BaseOperator):
         )
 
     def on_kill(self) -> None:
-        """Release the lock when the task is killed; the keeper then sees the loss and stops."""
-        active = self._active
-        if active is None:
+        """Release the lock when the task is killed, and stop the callable if it runs in this thread.
+
+        Airflow answers SIGTERM by calling ``on_kill`` in the task's main thread, which is where the
+        callable runs: raising :class:`VolcanoLockLost` there stops the protected work at once
+        instead of letting it run unprotected until the keeper's next renewal notices the release.
+        """
+        guard, body_thread = self._active, self._body_thread
+        if guard is None:
             return
         from volcano_locks import VolcanoError
 
-        guard = active
         self._killed = True
         lease = guard.lease
-        if lease is None:
-            return
-        try:
-            with self.hook.get_client() as releaser:
-                releaser.release(self.lock_key, lease)
-            self.log.info("Released lock %r (fencing token %s) on kill", self.lock_key, lease.fencing_token)
-        except VolcanoError as exc:
-            self.log.warning("Could not release lock %r on kill: %s", self.lock_key, exc)
+        if lease is not None:
+            try:
+                with self.hook.get_client() as releaser:
+                    releaser.release(self.lock_key, lease)
+                self.log.info(
+                    "Released lock %r (fencing token %s) on kill", self.lock_key, lease.fencing_token
+                )
+            except VolcanoError as exc:
+                self.log.warning("Could not release lock %r on kill: %s", self.lock_key, exc)
+        if threading.get_ident() == body_thread:
+            raise self._lost(None)

@@ -181,18 +181,37 @@ def test_loss_while_running_fails_the_task(volcano_conn, outside, unique_key) ->
     assert len(progress) < 200  # the callable was interrupted
 
 
-def test_on_kill_releases_the_lock(volcano_conn, outside, unique_key) -> None:
-    op = _op(unique_key, ttl=6)
-    released = threading.Event()
+def test_on_kill_releases_the_lock_and_stops_the_callable(volcano_conn, outside, unique_key):
+    op = _op(unique_key, ttl=30)
+    after_kill: list[str] = []
 
     def work() -> None:
-        op.on_kill()  # what SIGTERM does in the task process
-        if not outside.get(unique_key).held:
-            released.set()
-        for _ in range(200):  # the keeper notices the release at its next renewal (~2 s)
-            time.sleep(0.05)
+        op.on_kill()  # what SIGTERM does in the task process: the handler runs in this thread
+        after_kill.append("the callable went on")
 
     with pytest.raises(VolcanoLockLost, match="killed"):
         op.python_callable = work
         op.execute(_context())
-    assert released.is_set()
+    assert after_kill == []
+    assert outside.get(unique_key).held is False
+
+
+def test_on_kill_from_another_thread_releases_and_the_keeper_stops_the_callable(
+    volcano_conn, outside, unique_key
+):
+    op = _op(unique_key, ttl=6)
+    progress: list[int] = []
+
+    def work() -> None:
+        killer = threading.Thread(target=op.on_kill)
+        killer.start()
+        killer.join()
+        progress.append(-1 if outside.get(unique_key).held else 0)
+        for i in range(200):  # the keeper notices the release at its next renewal (~2 s)
+            time.sleep(0.05)
+            progress.append(i)
+
+    with pytest.raises(VolcanoLockLost, match="killed"):
+        op.python_callable = work
+        op.execute(_context())
+    assert progress[0] == 0 and len(progress) < 150

@@ -75,3 +75,21 @@ def test_task_volcano_lock_decorator_is_registered() -> None:
     from airflow_provider_volcano.decorators.volcano_lock import volcano_lock_task
 
     assert task.volcano_lock is volcano_lock_task
+
+
+def test_airflow_providers_list_shows_the_provider(airflow_db) -> None:
+    import os
+    import subprocess
+
+    from volcano_airflow_testlib import airflow_bin
+
+    out = subprocess.run(
+        [airflow_bin(), "providers", "list", "--output", "json"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=os.environ.copy(),
+        timeout=120,
+    ).stdout
+    listed = {p["package_name"]: p for p in json.loads(out[out.index("[") :])}
+    assert listed["volcano-locks"]["description"].startswith("Volcano project locks")
