@@ -90,8 +90,8 @@ def fenced_write(resource: str, lock_key: str, fencing_token: int, value: str) -
         )
     if not accepted:
         raise StaleFencingToken(
-            f"stale write to {resource!r} rejected: "
-            f"fencing token {fencing_token} is older than the stored one"
+            f"stale write to {resource!r} rejected: fencing token {fencing_token} of lock {lock_key!r} "
+            "is older than the stored one (or the resource is fenced by another lock)"
         )
 
 

@@ -160,3 +160,23 @@ async def test_trigger_reports_a_broken_connection_as_error(monkeypatch, unique_
     )
     event = await asyncio.wait_for(_first_event(_trigger(unique_key, 0)), 10)
     assert event["status"] == "error" and "has no API URL" in str(event["message"])
+
+
+async def test_trigger_rides_out_503_and_429_while_waiting(volcano_conn, outside, unique_key) -> None:
+    held = outside.acquire(unique_key, 30)
+    volcano_conn.server.set_faults("status=503:op=get:count=2,status=429:op=get:count=1")
+    try:
+        task = asyncio.create_task(_first_event(_trigger(unique_key, 0, poll=0.3)))
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            statuses = [r["status"] for r in volcano_conn.requests() if unique_key in r.get("path", "")]
+            if 503 in statuses and 429 in statuses and statuses[-1] == 200:
+                break
+            await asyncio.sleep(0.2)
+        outside.release(unique_key, held)
+        event = await asyncio.wait_for(task, 20)
+    finally:
+        volcano_conn.server.set_faults(None)
+    assert event["status"] == "acquired" and event["fencing_token"] > held.fencing_token
+    assert {503, 429} <= {r["status"] for r in volcano_conn.requests() if unique_key in r.get("path", "")}
+    outside.force_release(unique_key)
