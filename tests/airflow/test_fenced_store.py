@@ -9,15 +9,12 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "dags"))
-import volcano_fenced_store as store  # noqa: E402
+import volcano_fenced_store as store
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
 def database(request, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    if request.param == "sqlite":
-        db = str(tmp_path / "fenced.sqlite")
-    else:
-        db = request.getfixturevalue("pg_dsn")
+    db = str(tmp_path / "fenced.sqlite") if request.param == "sqlite" else request.getfixturevalue("pg_dsn")
     monkeypatch.setenv("VOLCANO_EXAMPLES_DB", db)
     return db
 
@@ -27,7 +24,7 @@ def test_newer_tokens_win_and_stale_writes_are_refused(database: str) -> None:
     store.fenced_write(resource, "k", 5, "first")
     store.fenced_write(resource, "k", 5, "same lease again")
     store.fenced_write(resource, "k", 9, "newer holder")
-    with pytest.raises(store.StaleFencingToken, match="fencing token 5 is older"):
+    with pytest.raises(store.StaleFencingToken, match="fencing token 5 of lock 'k' is older"):
         store.fenced_write(resource, "k", 5, "stale")
     assert store.read(resource) == (9, "newer holder")
     assert store.history(resource) == [
