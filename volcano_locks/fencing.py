@@ -179,12 +179,14 @@ class FencedTable:
         if self._postgres:
             import psycopg
 
-            for statement in statements:
-                try:
-                    with psycopg.connect(self.db, autocommit=True) as pg:
-                        pg.execute(statement)
-                except psycopg.errors.UniqueViolation:
-                    pass  # two processes created it at once: PostgreSQL's IF NOT EXISTS is not atomic
+            # IF NOT EXISTS is not atomic in PostgreSQL: concurrent creators can still collide on the
+            # catalog, so creation is serialised on an advisory lock named after the table.
+            with psycopg.connect(self.db) as pg:
+                pg.execute(
+                    "SELECT pg_advisory_xact_lock(hashtext(%s))", (f"volcano_locks.fencing.{self.table}",)
+                )
+                for statement in statements:
+                    pg.execute(statement)
         else:
             Path(self.db).parent.mkdir(parents=True, exist_ok=True)
             with closing(sqlite3.connect(self.db, timeout=30)) as lite, lite:

@@ -46,13 +46,24 @@ class _ServerBase:
 
     @property
     def service_key(self) -> str:
-        """A full-access service key for the default project."""
-        return self.mint_key(self.project, "service")
+        """A full-access service key for the default project (the same string on every read).
+
+        Minted once per secret: tests scan logs and stores for this exact string, so it must not
+        change from one read to the next as `iat` ticks.
+        """
+        return self._default_key("service")
 
     @property
     def anon_key(self) -> str:
-        """An anon key for the default project (lock calls with it get 403)."""
-        return self.mint_key(self.project, "anon")
+        """An anon key for the default project (lock calls with it get 403); the same on every read."""
+        return self._default_key("anon")
+
+    def _default_key(self, role: str) -> str:
+        minted: dict[tuple[str, str, str], str] = self.__dict__.setdefault("_default_keys", {})
+        ident = (self.secret, self.project, role)
+        if ident not in minted:
+            minted[ident] = self.mint_key(self.project, role)
+        return minted[ident]
 
     def env(self) -> dict[str, str]:
         """The VOLCANO_* environment variables a client needs to reach this server."""
