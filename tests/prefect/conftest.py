@@ -1,4 +1,10 @@
-"""Prefect test fixtures: one Prefect test harness per session, under a private PREFECT_HOME."""
+"""Prefect test fixtures: one Prefect test harness per session, under a private PREFECT_HOME.
+
+ASYNC_FLOWS: an async flow without its own `result_storage` makes Prefect 3.9 ask the server for
+the default result storage through a sync client it never closes (results.py,
+`_read_server_default_result_storage_block_id`); under `filterwarnings = error` the leaked socket
+fails whichever test collects it. The tests' async flows therefore pass `result_storage=tmp_path`.
+"""
 
 from __future__ import annotations
 

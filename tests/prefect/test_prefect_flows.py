@@ -1,0 +1,95 @@
+"""Every example flow in flows/ runs against the harness and the local lock server."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prefect_flow_modules import FLOWS_DIR, load_flow_module
+
+from prefect_volcano import SKIPPED_STATE_NAME, LockedResult
+from volcano_locks import VolcanoLocks
+
+pytestmark = pytest.mark.usefixtures("volcano_env")
+
+TESTED = {"leader_rollup", "regional_fanout", "fenced_pipeline"}
+
+
+def test_every_flow_has_a_test() -> None:
+    assert {p.stem for p in FLOWS_DIR.glob("*.py")} == TESTED
+
+
+def test_leader_rollup_runs_and_skips_when_another_leader_holds_it(unique_key: str) -> None:
+    module = load_flow_module("leader_rollup")
+    state = module.leader_rollup(unique_key)
+    assert state.name == "Completed"
+    out = state.result()
+    assert out["day"] == unique_key and out["fencing_token"] > 0
+
+    with VolcanoLocks() as other_leader, other_leader.with_lock(f"rollup:{unique_key}", 10):
+        skipped = module.leader_rollup(unique_key)
+    assert skipped.name == SKIPPED_STATE_NAME and f"rollup:{unique_key}" in (skipped.message or "")
+
+
+def test_regional_fanout_takes_one_lock_per_region(unique_key: str) -> None:
+    module = load_flow_module("regional_fanout")
+    regions = [f"{unique_key}-eu", f"{unique_key}-us", f"{unique_key}-apac"]
+    results: list[LockedResult[str]] = module.regional_fanout(regions, work_seconds=0.2)
+    assert [r.lock_key for r in results] == [f"refresh:{r}" for r in regions]
+    assert [r.value for r in results] == [f"{r} refreshed" for r in regions]
+
+
+def _fenced_pipeline_checks(module: Any, resource: str, db: str, table: str) -> None:
+    first = module.fenced_pipeline(resource, table=table)
+    assert module.read_back(db, table, resource) == (first["fencing_token"], first["value"])
+    second = module.fenced_pipeline(resource, table=table)
+    assert second["fencing_token"] > first["fencing_token"]
+
+    # A writer that already wrote with a much newer token: our (older) lease's write is refused.
+    newer = second["fencing_token"] + 10**9
+    module.fenced_write(db, table, resource, newer, "from a newer lease")
+    state = module.fenced_pipeline(resource, table=table, return_state=True)
+    assert state.is_failed()
+    with pytest.raises(module.StaleWrite, match="refused"):
+        state.result()
+    assert module.read_back(db, table, resource) == (newer, "from a newer lease")
+
+
+def test_fenced_pipeline_sqlite(unique_key: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    module = load_flow_module("fenced_pipeline")
+    db = str(tmp_path / "pipeline.sqlite")
+    monkeypatch.setenv("VOLCANO_FLOWS_DB", db)
+    _fenced_pipeline_checks(module, unique_key, db, "fenced_writes")
+
+
+@pytest.mark.postgres
+def test_fenced_pipeline_postgres(unique_key: str, pg_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    module = load_flow_module("fenced_pipeline")
+    monkeypatch.setenv("VOLCANO_FLOWS_DB", pg_dsn)
+    table = f"prefect_fenced_{uuid.uuid4().hex[:12]}"
+    try:
+        _fenced_pipeline_checks(module, unique_key, pg_dsn, table)
+    finally:
+        import psycopg
+
+        with psycopg.connect(pg_dsn) as conn:
+            conn.execute(f"DROP TABLE IF EXISTS {table}")
+
+
+def test_a_flow_runs_as_a_script(
+    unique_key: str, tmp_path: Path, prefect_subprocess_env: dict[str, str]
+) -> None:
+    env = dict(prefect_subprocess_env, VOLCANO_FLOWS_DB=str(tmp_path / "script.sqlite"))
+    proc = subprocess.run(
+        [sys.executable, str(FLOWS_DIR / "fenced_pipeline.py"), unique_key],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "'fencing_token':" in proc.stdout
