@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import functools
 import ssl
-from typing import TYPE_CHECKING
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 from prefect.blocks.core import Block
 from pydantic import Field, SecretStr, field_validator
 
-if TYPE_CHECKING:
-    from volcano_locks import AsyncVolcanoLocks, VolcanoLocks
+from volcano_locks import AsyncVolcanoLocks, VolcanoLocks
 
 __all__ = ["DEFAULT_API_URL", "VolcanoCredentials", "async_client_for", "sync_client_for"]
 
@@ -45,8 +44,7 @@ class VolcanoCredentials(Block):
 
     _block_type_name = "Volcano Credentials"
     _block_type_slug = "volcano-credentials"
-    _logo_url = "https://raw.githubusercontent.com/PrefectHQ/prefect/420d0d6a78bb6df1fc18bcf188fdad43c1d22ea9/assets/block-logos/filesystem.png"
-    _documentation_url = "https://volcano.dev/docs/locks"
+    _documentation_url = "https://volcano.dev/docs/locks"  # type: ignore[assignment]
     _description = "Volcano project lock credentials: API URL, service key and anon key."
 
     api_url: str = Field(
@@ -80,7 +78,7 @@ class VolcanoCredentials(Block):
             raise ValueError(f"api_url must be an http(s) URL such as {DEFAULT_API_URL}, got {value!r}")
         return value.strip().rstrip("/")
 
-    def _client_kwargs(self) -> dict[str, object]:
+    def _client_kwargs(self) -> dict[str, Any]:
         return {
             "api_url": self.api_url,
             "anon_key": self.anon_key.get_secret_value() if self.anon_key is not None else None,
@@ -106,17 +104,11 @@ def _ssl_context() -> ssl.SSLContext:
 
 def sync_client_for(credentials: VolcanoCredentials | None) -> VolcanoLocks:
     """Build a sync client from a block, or from the VOLCANO_* environment when None."""
-    from volcano_locks import VolcanoLocks
-
     kwargs = credentials._client_kwargs() if credentials is not None else {}
-    return VolcanoLocks(**kwargs, transport=httpx.HTTPTransport(verify=_ssl_context()))  # type: ignore[arg-type]
+    return VolcanoLocks(**kwargs, transport=httpx.HTTPTransport(verify=_ssl_context()))
 
 
 def async_client_for(credentials: VolcanoCredentials | None) -> AsyncVolcanoLocks:
     """Build an async client from a block, or from the VOLCANO_* environment when None."""
-    from volcano_locks import AsyncVolcanoLocks
-
     kwargs = credentials._client_kwargs() if credentials is not None else {}
-    return AsyncVolcanoLocks(  # type: ignore[arg-type]
-        **kwargs, transport=httpx.AsyncHTTPTransport(verify=_ssl_context())
-    )
+    return AsyncVolcanoLocks(**kwargs, transport=httpx.AsyncHTTPTransport(verify=_ssl_context()))

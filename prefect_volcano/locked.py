@@ -18,10 +18,11 @@ from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, cast, overload
 
+from prefect import State
 from prefect.exceptions import MissingContextError
 from prefect.flows import Flow
 from prefect.logging import get_run_logger
-from prefect.states import Completed, State
+from prefect.states import Completed
 from prefect.tasks import Task
 from prefect.transactions import get_transaction
 
@@ -48,7 +49,7 @@ _MIN_TTL, _MAX_TTL = 5, 7_776_000
 _POLICIES: tuple[str, ...] = ("wait", "skip", "fail")
 _RESULT_MODES: tuple[str, ...] = ("value", "locked_result")
 # Our "fail" is the core's "raise": we turn the contention into a clear task failure.
-_CORE_POLICY = {"wait": "wait", "skip": "skip", "fail": "raise"}
+_CORE_POLICY: dict[str, Literal["raise", "wait", "skip"]] = {"wait": "wait", "skip": "skip", "fail": "raise"}
 
 _fallback_logger = logging.getLogger("prefect_volcano")
 
@@ -212,7 +213,7 @@ def _check_credentials(credentials: object) -> VolcanoCredentials | str | None:
 def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> str:
     if value not in choices:
         raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
-    return cast(str, value)
+    return str(value)
 
 
 def _check_wait_timeout(wait_timeout: object, on_contention: object) -> float | None:
@@ -348,16 +349,16 @@ def _outcome(value: Any, spec: _LockSpec, lease: LockLease) -> Any:
 
 
 @contextmanager
-def held_lock(
+def _held_lock(
     spec: _LockSpec, lock_key: str, log: logging.Logger | logging.LoggerAdapter[Any]
 ) -> Iterator[Any]:
     """Hold `lock_key` per `spec` around a sync body; yields the core guard (not acquired on skip).
 
-    This is exactly what a sync `locked_task` does around its function (the benchmark times it).
+    This is all a sync `locked_task` adds around its function (bench/bench_prefect.py times it).
     """
     credentials = spec.credentials
     if isinstance(credentials, str):
-        credentials = cast(VolcanoCredentials, VolcanoCredentials.load(credentials, _sync=True))  # type: ignore[call-overload]
+        credentials = cast(VolcanoCredentials, VolcanoCredentials.load(credentials, _sync=True))  # type: ignore[call-arg]
     guard: Any = None
     try:
         with (
@@ -384,7 +385,7 @@ def held_lock(
 
 
 @asynccontextmanager
-async def held_lock_async(
+async def _held_lock_async(
     spec: _LockSpec, lock_key: str, log: logging.Logger | logging.LoggerAdapter[Any]
 ) -> AsyncIterator[Any]:
     """Hold `lock_key` per `spec` around an async body (cancelled on loss); yields the core guard."""
@@ -424,7 +425,7 @@ def _run_sync(
 ) -> Any:
     lock_key = _render_key(spec, signature, args, kwargs)
     log = _logger()
-    with held_lock(spec, lock_key, log) as guard:
+    with _held_lock(spec, lock_key, log) as guard:
         if not guard.acquired:
             return _skipped(lock_key, log)
         reset = _active.set(LeaseSource(guard))
@@ -445,7 +446,7 @@ async def _run_async(
 ) -> Any:
     lock_key = _render_key(spec, signature, args, kwargs)
     log = _logger()
-    async with held_lock_async(spec, lock_key, log) as guard:
+    async with _held_lock_async(spec, lock_key, log) as guard:
         if not guard.acquired:
             return _skipped(lock_key, log)
         reset = _active.set(LeaseSource(guard))
