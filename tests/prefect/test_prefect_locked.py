@@ -467,3 +467,54 @@ def test_missing_environment_fails_with_the_setting_named(
     assert state.is_failed()
     with pytest.raises(InvalidRequest, match="VOLCANO_SERVICE_KEY"):
         state.result()
+
+
+def test_async_retries_map_and_caching(unique_key: str, tmp_path: Path) -> None:
+    attempts: dict[str, list[int]] = {}
+
+    @task(retries=1, retry_delay_seconds=0, cache_policy=INPUTS, persist_result=True)
+    @locked_task(unique_key + ":{region}", result="locked_result")
+    async def refresh(region: str) -> str:
+        tokens = attempts.setdefault(region, [])
+        tokens.append(current_lease().fencing_token)
+        await asyncio.sleep(0.05)
+        if region == "eu" and len(tokens) == 1:
+            raise RuntimeError("transient")
+        return region
+
+    @flow(result_storage=tmp_path)  # see ASYNC_FLOWS in conftest
+    async def f() -> None:
+        futures = refresh.map(["eu", "us"])
+        futures.wait()
+        runs.append([future.state for future in futures])
+
+    runs: list[list[State[Any]]] = []
+    asyncio.run(f())
+    first = runs[-1]
+    assert [s.name for s in first] == ["Completed", "Completed"]
+    results = [s.result() for s in first]
+    assert [r.lock_key for r in results] == [f"{unique_key}:eu", f"{unique_key}:us"]
+    eu = attempts["eu"]
+    assert len(eu) == 2 and eu[0] < eu[1] and results[0].fencing_token == eu[1]  # the retry's new lease
+
+    asyncio.run(f())  # same inputs: answered from the cache, no new lease
+    second = runs[-1]
+    assert [s.name for s in second] == ["Cached", "Cached"]
+    assert len(attempts["eu"]) == 2 and len(attempts["us"]) == 1
+
+
+def test_outside_a_run_logs_go_to_the_prefect_volcano_logger(
+    unique_key: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    @locked_task(unique_key, result="locked_result")
+    def plain() -> int:
+        return current_lease().fencing_token
+
+    with caplog.at_level("INFO", logger="prefect_volcano"):
+        out = plain()
+    assert out.value == out.fencing_token
+    names = {(r.name, r.getMessage().split(" (")[0]) for r in caplog.records if r.name == "prefect_volcano"}
+    assert names == {
+        ("prefect_volcano", f"Acquired lock '{unique_key}'"),
+        ("prefect_volcano", f"Released lock '{unique_key}'"),
+    }
