@@ -246,6 +246,7 @@ def _lock_task_object(task_obj: Task[Any, Any], spec: _LockSpec) -> Task[Any, An
     wrapped = _lock_function(task_obj.fn, spec)
     # A copy, not with_options(): it keeps subclasses (asset tasks) and every option as set.
     locked = copy.copy(task_obj)
+    locked.tags = set(task_obj.tags)  # the copy must not share mutable options with the original
     locked.fn = wrapped
     locked.__wrapped__ = wrapped  # type: ignore[attr-defined]
     return locked
