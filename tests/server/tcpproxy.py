@@ -1,4 +1,4 @@
-"""A tiny TCP forwarder that a test can cut and restore, to take PostgreSQL away from the server."""
+"""A tiny TCP forwarder that a test can cut, stall and restore, to take PostgreSQL away from the server."""
 
 from __future__ import annotations
 
@@ -8,7 +8,11 @@ import threading
 
 
 class TcpProxy:
-    """Forward 127.0.0.1:<port> to (host, port); `cut()` drops every connection and refuses new ones."""
+    """Forward 127.0.0.1:<port> to (host, port).
+
+    `cut()` drops every connection and refuses new ones (a database that is down); `stall()` keeps
+    accepting and reading but forwards nothing either way (a database that hangs).
+    """
 
     def __init__(self, target: tuple[str, int]) -> None:
         self.target = target
@@ -18,6 +22,7 @@ class TcpProxy:
         self._socks: list[socket.socket] = []
         self._lock = threading.Lock()
         self._server: socket.socket | None = None
+        self._stalled = threading.Event()
 
     def start(self) -> TcpProxy:
         self._server = socket.create_server(("127.0.0.1", self.port))
@@ -30,6 +35,10 @@ class TcpProxy:
                 client, _ = server.accept()
             except OSError:
                 return
+            if self._stalled.is_set():
+                with self._lock:
+                    self._socks.append(client)  # connected, and never answered
+                continue
             try:
                 upstream = socket.create_connection(self.target, timeout=5)
             except OSError:
@@ -41,11 +50,11 @@ class TcpProxy:
             for a, b in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
 
-    @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
         try:
             while data := src.recv(65536):
-                dst.sendall(data)
+                if not self._stalled.is_set():
+                    dst.sendall(data)
         except OSError:
             pass
         finally:
@@ -71,3 +80,17 @@ class TcpProxy:
     def restore(self) -> None:
         """Listen again on the same port."""
         self.start()
+
+    def stall(self) -> None:
+        """Stop forwarding: connections stay open and data is swallowed (PostgreSQL 'hangs')."""
+        self._stalled.set()
+
+    def resume(self) -> None:
+        """Forward again; connections open during the stall lost data, so they are reset."""
+        with self._lock:
+            socks, self._socks = self._socks, []
+        for s in socks:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+        self._stalled.clear()

@@ -3,7 +3,8 @@
 Order of checks for a request (each failure answers with the JSON error body `{"error", "code"}`):
 route (404 unknown path, 405 + `Allow` for a method the path does not take; everything under
 `/locks/` names a key, so `/locks/a/b` is a 400 invalid key, as is `%2F`), injected faults
-(`when=before`), credentials (401/403, not counted), quota (429 + `Retry-After`, counted), body size
+(`when=before`), credentials (401/403, not counted), quota (429 + `Retry-After`, counted in the
+store, so a store that fails or hangs is a 503 here already), body size
 (over 64 KiB: 400 `body_too_large`; bodies up to 16 MiB are drained so the connection stays usable,
 larger ones get the 400 and `Connection: close`), request id, key, lock token, body, the service
 (409s; 503 `unavailable` when the store fails), injected faults (`when=after`). Chunked bodies are 400.

@@ -99,7 +99,7 @@ def build_app(
     return LockApp(
         LockService(store, clock),
         Authenticator(secret, clock),
-        QuotaLimiter(quota, clock),
+        QuotaLimiter(quota, clock, store.quota_counter()),
         FaultInjector(faults),
         admin=admin,
         clock=clock,

@@ -1,10 +1,12 @@
-"""The lock store interface: atomic read-decide-write of one (project, key) row, and `open_store`."""
+"""The lock store interface: atomic read-decide-write of a (project, key) row, quota counts, `open_store`."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
+
+from .quota import QuotaCounter
 
 __all__ = ["Decide", "LockRow", "LockStore", "open_store"]
 
@@ -41,6 +43,10 @@ class LockStore(Protocol):
 
     def read(self, project: str, key: str) -> LockRow | None:
         """Return the row for (project, key), or None if it was never written."""
+        ...
+
+    def quota_counter(self) -> QuotaCounter:
+        """A request counter kept where the rows are, so processes sharing the store share the quota."""
         ...
 
     def close(self) -> None:

@@ -1,50 +1,37 @@
-"""PostgreSQL lock store: each change is one transaction holding the row lock (SELECT ... FOR UPDATE).
+"""PostgreSQL lock store and quota counter: each change is one transaction holding its row lock.
 
-Several server processes may share one database: the row lock serialises every decision on a key,
-so no lock is ever granted twice. Times come from the server's injected clock, not the database's.
-Tables live in a schema this store creates: `?schema=NAME` on the DSN (default `volcano_locks`).
+Several server processes may share one database: the row lock (SELECT ... FOR UPDATE) serialises
+every decision on a key, so no lock is ever granted twice, and the quota is counted in the database
+so the processes share it. Times come from the server's injected clock, not the database's. Tables
+live in a schema this store creates: `?schema=NAME` on the DSN (default `volcano_locks`). Every
+database interaction is bounded (`?timeout=S`, see `pg_pool`); a hung database is a 503.
 """
 
 from __future__ import annotations
 
-import threading
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
-
-import psycopg
 from psycopg import sql
 
 from .errors import StoreUnavailable
+from .pg_pool import DEFAULT_SCHEMA, PgPool, parse_dsn
 from .store import Decide, LockRow, T
 
-__all__ = ["DEFAULT_SCHEMA", "PostgresStore", "split_schema"]
-
-DEFAULT_SCHEMA = "volcano_locks"
-_CONNECT_TIMEOUT = 3
-_MAX_IDLE = 16
+__all__ = ["DEFAULT_SCHEMA", "PostgresQuotaCounter", "PostgresStore", "split_schema"]
 
 
 def split_schema(dsn: str) -> tuple[str, str]:
-    """Return (DSN without our `schema` query parameter, schema name)."""
-    parts = urlsplit(dsn)
-    query = parse_qsl(parts.query, keep_blank_values=True)
-    schema = DEFAULT_SCHEMA
-    rest = []
-    for name, value in query:
-        if name == "schema":
-            schema = value
-        else:
-            rest.append((name, value))
-    if not schema:
-        raise ValueError("empty schema= in the PostgreSQL DSN")
-    return urlunsplit(parts._replace(query=urlencode(rest))), schema
+    """Return (DSN without our `schema` and `timeout` query parameters, schema name)."""
+    settings = parse_dsn(dsn)
+    return settings.dsn, settings.schema
 
 
 class PostgresStore:
-    """Lock rows in a PostgreSQL table; a small pool of autocommit connections, one per in-flight request."""
+    """Lock rows in a PostgreSQL table, through a pool of time-bounded autocommit connections."""
 
     def __init__(self, dsn: str) -> None:
-        """Connect to `dsn` and create the schema and table if they do not exist."""
-        self._dsn, self.schema = split_schema(dsn)
+        """Connect to `dsn` and create the schema and tables if they do not exist."""
+        self._pool = PgPool(dsn)
+        self.schema = self._pool.schema
+        self.timeout = self._pool.timeout
         table = sql.Identifier(self.schema, "locks")
         self._select = sql.SQL(
             "SELECT token_hash, fencing, expires_us, deadline_us FROM {} WHERE project = %s AND key = %s"
@@ -58,20 +45,15 @@ class PostgresStore:
             "UPDATE {} SET token_hash = %s, fencing = %s, expires_us = %s, deadline_us = %s"
             " WHERE project = %s AND key = %s"
         ).format(table)
-        self._idle: list[psycopg.Connection[tuple[object, ...]]] = []
-        self._lock = threading.Lock()
-        self._create_schema()
-
-    def _connect(self) -> psycopg.Connection[tuple[object, ...]]:
         try:
-            return psycopg.connect(self._dsn, autocommit=True, connect_timeout=_CONNECT_TIMEOUT)
-        except psycopg.Error as exc:
-            raise StoreUnavailable(f"cannot connect to PostgreSQL: {type(exc).__name__}") from exc
+            self._create_schema()
+        except StoreUnavailable:
+            self._pool.close()
+            raise
 
     def _create_schema(self) -> None:
-        conn = self._connect()
         try:
-            with conn.transaction():
+            with self._pool.session() as conn, conn.transaction():
                 # Concurrent CREATE ... IF NOT EXISTS can still collide; an advisory lock serialises them.
                 conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"volcano_locks:{self.schema}",))
                 conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema)))
@@ -82,24 +64,14 @@ class PostgresStore:
                         " deadline_us BIGINT NOT NULL, PRIMARY KEY (project, key))"
                     ).format(sql.Identifier(self.schema, "locks"))
                 )
-        except psycopg.Error as exc:
-            conn.close()
+                conn.execute(
+                    sql.SQL(
+                        "CREATE TABLE IF NOT EXISTS {} (project TEXT NOT NULL, minute BIGINT NOT NULL,"
+                        " requests BIGINT NOT NULL, PRIMARY KEY (project, minute))"
+                    ).format(sql.Identifier(self.schema, "quota"))
+                )
+        except StoreUnavailable as exc:
             raise StoreUnavailable(f"cannot create PostgreSQL schema {self.schema!r}: {exc}") from exc
-        self._release(conn, ok=True)
-
-    def _borrow(self) -> psycopg.Connection[tuple[object, ...]]:
-        with self._lock:
-            if self._idle:
-                return self._idle.pop()
-        return self._connect()
-
-    def _release(self, conn: psycopg.Connection[tuple[object, ...]], *, ok: bool) -> None:
-        if ok and not conn.closed and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
-            with self._lock:
-                if len(self._idle) < _MAX_IDLE:
-                    self._idle.append(conn)
-                    return
-        conn.close()
 
     @staticmethod
     def _row(got: tuple[object, ...] | None) -> LockRow | None:
@@ -113,44 +85,61 @@ class PostgresStore:
 
     def update(self, project: str, key: str, decide: Decide[T]) -> T:
         """Lock the row (creating a blank one if needed), decide, and write in one transaction."""
-        conn = self._borrow()
-        ok = False
-        try:
-            with conn.transaction():
+        # A decision that raises (e.g. a 409) rolls back cleanly and the connection is reused.
+        with self._pool.session() as conn, conn.transaction():
+            got = conn.execute(self._select_for_update, (project, key)).fetchone()
+            if got is None:
+                conn.execute(self._insert_blank, (project, key))
                 got = conn.execute(self._select_for_update, (project, key)).fetchone()
-                if got is None:
-                    conn.execute(self._insert_blank, (project, key))
-                    got = conn.execute(self._select_for_update, (project, key)).fetchone()
-                new, result = decide(self._row(got))
-                if new is not None:
-                    conn.execute(
-                        self._write,
-                        (new.token_hash, new.fencing, new.expires_us, new.deadline_us, project, key),
-                    )
-            ok = True
-            return result
-        except psycopg.Error as exc:
-            raise StoreUnavailable(f"PostgreSQL error: {type(exc).__name__}: {exc}") from exc
-        finally:
-            # A decision that raised (e.g. a 409) rolled back cleanly; the connection is reusable.
-            self._release(conn, ok=ok or not conn.broken)
+            new, result = decide(self._row(got))
+            if new is not None:
+                conn.execute(
+                    self._write,
+                    (new.token_hash, new.fencing, new.expires_us, new.deadline_us, project, key),
+                )
+        return result
 
     def read(self, project: str, key: str) -> LockRow | None:
         """Return the stored row, or None."""
-        conn = self._borrow()
-        ok = False
-        try:
+        with self._pool.session() as conn:
             got = conn.execute(self._select, (project, key)).fetchone()
-            ok = True
-        except psycopg.Error as exc:
-            raise StoreUnavailable(f"PostgreSQL error: {type(exc).__name__}: {exc}") from exc
-        finally:
-            self._release(conn, ok=ok)
         return self._row(got)
+
+    def quota_counter(self) -> PostgresQuotaCounter:
+        """A quota counter in this database, shared by every server process that uses it."""
+        return PostgresQuotaCounter(self._pool)
 
     def close(self) -> None:
         """Close every pooled connection."""
-        with self._lock:
-            idle, self._idle = self._idle, []
-        for conn in idle:
-            conn.close()
+        self._pool.close()
+
+
+class PostgresQuotaCounter:
+    """Requests per (project, minute) in the schema's `quota` table: one statement per request."""
+
+    def __init__(self, pool: PgPool) -> None:
+        """Count through `pool` (the lock store's connections, bounds and schema)."""
+        self._pool = pool
+        table = sql.Identifier(pool.schema, "quota")
+        # One statement, so one round trip and its own implicit transaction; set_config(..., true)
+        # switches that transaction to asynchronous commit: no WAL flush wait per request, and a
+        # crash of the database may lose the last few counts, which a rate limit can afford.
+        self._increment = sql.SQL(
+            "INSERT INTO {table} (project, minute, requests)"
+            " SELECT %s, %s, 1 FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit"
+            " ON CONFLICT (project, minute) DO UPDATE SET requests = {table}.requests + 1"
+            " RETURNING requests"
+        ).format(table=table)
+        self._prune = sql.SQL("DELETE FROM {} WHERE minute < %s").format(table)
+
+    def increment(self, project: str, window: int) -> int:
+        """Count one request of `project` in minute `window`; return the minute's count so far."""
+        with self._pool.session() as conn:
+            got = conn.execute(self._increment, (project, window)).fetchone()
+        assert got is not None and isinstance(got[0], int)
+        return got[0]
+
+    def prune(self, before: int) -> None:
+        """Forget the counts of minutes before `before`."""
+        with self._pool.session() as conn:
+            conn.execute(self._prune, (before,))

@@ -1,4 +1,8 @@
-"""SQLite lock store: one WAL-mode file, each change one IMMEDIATE transaction (safe across processes)."""
+"""SQLite lock store and quota counter: one WAL-mode file, each change one transaction (multi-process safe).
+
+The quota is counted in the file too (one upsert per request, no fsync in WAL mode with
+synchronous=NORMAL), so server processes sharing a file share the quota as they share the locks.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ import threading
 from .errors import StoreUnavailable
 from .store import Decide, LockRow, T
 
-__all__ = ["SqliteStore"]
+__all__ = ["SqliteQuotaCounter", "SqliteStore"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS locks (
@@ -21,7 +25,13 @@ CREATE TABLE IF NOT EXISTS locks (
     expires_us  INTEGER NOT NULL,
     deadline_us INTEGER NOT NULL,
     PRIMARY KEY (project, key)
-) WITHOUT ROWID
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS quota (
+    project  TEXT    NOT NULL,
+    minute   INTEGER NOT NULL,
+    requests INTEGER NOT NULL,
+    PRIMARY KEY (project, minute)
+) WITHOUT ROWID;
 """
 _SELECT = "SELECT token_hash, fencing, expires_us, deadline_us FROM locks WHERE project = ? AND key = ?"
 _UPSERT = """
@@ -48,7 +58,7 @@ class SqliteStore:
             # NORMAL in WAL mode survives a process crash; only an OS crash can lose the last commits.
             self._conn.execute("PRAGMA synchronous=NORMAL")
             self._conn.execute("PRAGMA busy_timeout=10000")
-            self._conn.execute(_SCHEMA)
+            self._conn.executescript(_SCHEMA)
         except sqlite3.Error as exc:
             raise StoreUnavailable(f"cannot open SQLite database {path!r}: {exc}") from exc
 
@@ -87,7 +97,47 @@ class SqliteStore:
                 raise StoreUnavailable(f"SQLite error: {exc}") from exc
         return LockRow(*got) if got is not None else None
 
+    def quota_counter(self) -> SqliteQuotaCounter:
+        """A quota counter in this file, shared by every server process that uses it."""
+        return SqliteQuotaCounter(self._conn, self._lock)
+
     def close(self) -> None:
         """Close the connection."""
         with self._lock:
             self._conn.close()
+
+
+_INCREMENT = """
+INSERT INTO quota (project, minute, requests) VALUES (?, ?, 1)
+ON CONFLICT (project, minute) DO UPDATE SET requests = requests + 1 RETURNING requests
+"""
+
+
+class SqliteQuotaCounter:
+    """Requests per (project, minute) in the file's `quota` table, on the store's connection."""
+
+    def __init__(self, conn: sqlite3.Connection, lock: threading.Lock) -> None:
+        """Count through the store's connection, serialised by the store's lock."""
+        self._conn = conn
+        self._lock = lock
+
+    def increment(self, project: str, window: int) -> int:
+        """Count one request of `project` in minute `window`; return the minute's count so far."""
+        with self._lock:
+            try:
+                # fetchall() steps the statement to its end, which commits the implicit transaction and
+                # releases the write lock; fetchone() would hold it until the cursor is collected.
+                got = self._conn.execute(_INCREMENT, (project, window)).fetchall()
+            except sqlite3.Error as exc:
+                raise StoreUnavailable(f"SQLite error: {exc}") from exc
+        count = got[0][0]
+        assert isinstance(count, int)
+        return count
+
+    def prune(self, before: int) -> None:
+        """Forget the counts of minutes before `before`."""
+        with self._lock:
+            try:
+                self._conn.execute("DELETE FROM quota WHERE minute < ?", (before,))
+            except sqlite3.Error as exc:
+                raise StoreUnavailable(f"SQLite error: {exc}") from exc
