@@ -10,15 +10,17 @@ import hashlib
 from datetime import datetime
 
 from airflow.sdk import DAG, Param
-from volcano_fenced_store import fenced_write
 
 from airflow_provider_volcano import VolcanoLockOperator
+from volcano_locks.fencing import FencedTable
 
 
-def rollup(day: str, volcano_lease: dict) -> dict:
+def rollup(day: str, volcano_lease: dict, run_id: str) -> dict:
     """Compute the day's rollup and store it through the fencing check."""
     value = f"rollup {day}: {hashlib.sha256(day.encode()).hexdigest()[:12]}"
-    fenced_write(f"rollup:{day}", volcano_lease["lock_key"], volcano_lease["fencing_token"], value)
+    FencedTable.from_env().write_or_raise(
+        f"rollup:{day}", volcano_lease["lock_key"], volcano_lease["fencing_token"], value, writer=run_id
+    )
     return {"day": day, "fencing_token": volcano_lease["fencing_token"]}
 
 

@@ -10,17 +10,22 @@ import time
 from datetime import datetime
 
 from airflow.sdk import DAG, Param
-from volcano_fenced_store import fenced_write
 
 from airflow_provider_volcano import VolcanoLockOperator
+from volcano_locks.fencing import FencedTable
 
 
 def migrate(steps: int, step_seconds: float, resource: str, volcano_lease: dict, run_id: str) -> dict:
     """Apply ``steps`` migration steps, each a fenced write; the lease is renewed meanwhile."""
+    table = FencedTable.from_env()
     for step in range(int(steps)):
         time.sleep(float(step_seconds))
-        fenced_write(
-            resource, volcano_lease["lock_key"], volcano_lease["fencing_token"], f"{run_id} step {step + 1}"
+        table.write_or_raise(
+            resource,
+            volcano_lease["lock_key"],
+            volcano_lease["fencing_token"],
+            f"{run_id} step {step + 1}",
+            writer=run_id,
         )
     return {"steps": int(steps), "fencing_token": volcano_lease["fencing_token"]}
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from datetime import datetime
 
 from airflow.sdk import Param, dag, task
-from volcano_fenced_store import fenced_write, read
+
+from volcano_locks.fencing import FencedTable
 
 
 @dag(
@@ -26,16 +27,16 @@ def volcano_taskflow_pipeline() -> None:
     @task.volcano_lock(lock_key="{{ params.lock_key }}", ttl=15, on_contention="wait", deferrable=True)
     def load(rows: list[int], volcano_lease: dict | None = None) -> dict:
         assert volcano_lease is not None
-        fenced_write(
+        FencedTable.from_env().write_or_raise(
             "warehouse:totals", volcano_lease["lock_key"], volcano_lease["fencing_token"], str(sum(rows))
         )
         return {"rows": len(rows), "fencing_token": volcano_lease["fencing_token"]}
 
     @task
     def verify(loaded: dict) -> int:
-        stored = read("warehouse:totals")
+        stored = FencedTable.from_env().read("warehouse:totals")
         # The downstream task sees the fencing token its upstream wrote with.
-        assert stored is not None and stored[0] >= loaded["fencing_token"], (stored, loaded)
+        assert stored is not None and stored.fencing_token >= loaded["fencing_token"], (stored, loaded)
         return loaded["fencing_token"]
 
     verify(load(extract()))

@@ -20,8 +20,10 @@ write under another key. Every attempt, accepted or not, is appended to ``<table
 
 from __future__ import annotations
 
+import os
 import re
 import sqlite3
+import tempfile
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
@@ -83,6 +85,18 @@ class FencedTable:
         self.table = table
         self._postgres = db.startswith(("postgresql://", "postgres://"))
         self._ready = False
+
+    @classmethod
+    def from_env(
+        cls, variable: str = "VOLCANO_EXAMPLES_DB", *, table: str = "fenced_resource"
+    ) -> FencedTable:
+        """The table in the database named by ``variable`` (a SQLite path or a DSN).
+
+        Unset, it is ``volcano_examples.sqlite3`` in the temporary directory: what the example DAGs and
+        flows use, so that tests and the demo can point them at a database of their own.
+        """
+        db = os.environ.get(variable) or os.path.join(tempfile.gettempdir(), "volcano_examples.sqlite3")
+        return cls(db, table=table)
 
     def __repr__(self) -> str:
         where = "postgresql" if self._postgres else self.db

@@ -12,6 +12,7 @@ import pytest
 
 from airflow_provider_volcano._tokens import TaskIdentity, derive_token
 from volcano_locks import VolcanoLocks
+from volcano_locks.fencing import FencedTable
 
 DAGS = Path(__file__).resolve().parents[2] / "dags"
 TESTED = {"volcano_daily_rollup", "volcano_migration", "volcano_taskflow_pipeline"}
@@ -78,14 +79,13 @@ def test_every_dag_in_dags_folder_loads_and_is_tested(dagbag) -> None:
 
 
 def test_daily_rollup_writes_through_the_fence(dagbag, volcano_conn, examples_db, unique_key) -> None:
-    from volcano_fenced_store import history
-
     dr = dagbag.get_dag("volcano_daily_rollup").test(run_conf={"lock_key": unique_key})
     assert dr.state == "success", _states(dr)
     lease = _xcoms(dr, "rollup")["volcano_lease"]
     assert lease["lock_key"] == unique_key
-    writes = history(f"rollup:{dr.logical_date:%Y-%m-%d}")
-    assert writes and writes[-1][0] == lease["fencing_token"] and writes[-1][2]
+    writes = FencedTable.from_env().history(f"rollup:{dr.logical_date:%Y-%m-%d}")
+    assert writes and writes[-1].fencing_token == lease["fencing_token"] and writes[-1].accepted
+    assert writes[-1].writer == dr.run_id
 
 
 def test_daily_rollup_skips_while_another_leader_holds_the_lock(
@@ -102,8 +102,6 @@ def test_daily_rollup_skips_while_another_leader_holds_the_lock(
 def test_migration_defers_while_held_from_outside_and_resumes_after_release(
     dagbag, volcano_conn, outside, examples_db, unique_key
 ) -> None:
-    from volcano_fenced_store import history
-
     held = outside.acquire(unique_key, 60)
     released = threading.Event()
 
@@ -142,7 +140,8 @@ def test_migration_defers_while_held_from_outside_and_resumes_after_release(
     assert mine[-1] == ("release", 204), mine
     lease = _xcoms(dr, "migrate")["volcano_lease"]
     assert lease["fencing_token"] > held.fencing_token
-    assert [w[0] for w in history(f"schema-{unique_key}")] == [lease["fencing_token"]] * 2
+    writes = FencedTable.from_env().history(f"schema-{unique_key}")
+    assert [w.fencing_token for w in writes] == [lease["fencing_token"]] * 2
 
 
 def test_taskflow_pipeline_passes_the_fencing_token_downstream(

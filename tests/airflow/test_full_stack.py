@@ -162,7 +162,7 @@ def test_two_runs_contend_one_defers_both_succeed_nothing_secret_stored(
     # The fenced table: the runs' steps did not interleave, and no stale write landed.
     conn = sqlite3.connect(stack.env["VOLCANO_EXAMPLES_DB"])
     writes = conn.execute(
-        "SELECT fencing_token, value, accepted FROM fenced_history WHERE resource = ? ORDER BY id",
+        "SELECT fencing_token, value, accepted FROM fenced_resource_history WHERE resource = ? ORDER BY id",
         (resource,),
     ).fetchall()
     conn.close()

@@ -170,7 +170,8 @@ def _history(db: str, resource: str) -> list[tuple[int, str, bool]]:
     conn = sqlite3.connect(db, timeout=30)
     try:
         rows = conn.execute(
-            "SELECT fencing_token, value, accepted FROM fenced_history WHERE resource = ? ORDER BY id",
+            "SELECT fencing_token, value, accepted FROM fenced_resource_history"
+            " WHERE resource = ? ORDER BY id",
             (resource,),
         ).fetchall()
     except sqlite3.OperationalError:  # not created yet
