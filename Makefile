@@ -40,6 +40,10 @@ test: envs
 	$(PREFECT_ENV)/bin/python -m pytest tests --ignore=tests/airflow -q -p no:cacheprovider $(PYTEST_ARGS)
 	$(AIRFLOW_ENV)/bin/python -m pytest tests/airflow -q -p no:cacheprovider $(PYTEST_ARGS)
 
+# The main job in one command: a local locks server, the example DAGs and flows, two contenders each.
+demo: envs
+	$(PREFECT_ENV)/bin/python scripts/demo.py
+
 lint: envs
 	$(PREFECT_ENV)/bin/ruff check .
 	$(PREFECT_ENV)/bin/mypy

@@ -13,6 +13,7 @@ from prefect_flow_modules import FLOWS_DIR, load_flow_module
 
 from prefect_volcano import SKIPPED_STATE_NAME, LockedResult
 from volcano_locks import VolcanoLocks
+from volcano_locks.fencing import FencedTable, StaleFencingToken
 
 pytestmark = pytest.mark.usefixtures("volcano_env")
 
@@ -43,47 +44,53 @@ def test_regional_fanout_takes_one_lock_per_region(unique_key: str) -> None:
     assert [r.value for r in results] == [f"{r} refreshed" for r in regions]
 
 
-def _fenced_pipeline_checks(module: Any, resource: str, db: str, table: str) -> None:
+def _fenced_pipeline_checks(module: Any, resource: str, table: str) -> None:
+    fenced = FencedTable.from_env(table=table)
     first = module.fenced_pipeline(resource, table=table)
-    assert module.read_back(db, table, resource) == (first["fencing_token"], first["value"])
+    stored = fenced.read(resource)
+    assert stored is not None
+    assert (stored.fencing_token, stored.value) == (first["fencing_token"], first["value"])
     second = module.fenced_pipeline(resource, table=table)
     assert second["fencing_token"] > first["fencing_token"]
 
     # A writer that already wrote with a much newer token: our (older) lease's write is refused.
     newer = second["fencing_token"] + 10**9
-    module.fenced_write(db, table, resource, newer, "from a newer lease")
+    fenced.write_or_raise(resource, f"pipeline:{resource}", newer, "from a newer lease")
     state = module.fenced_pipeline(resource, table=table, return_state=True)
     assert state.is_failed()
-    with pytest.raises(module.StaleWrite, match="refused"):
+    with pytest.raises(StaleFencingToken, match="rejected"):
         state.result()
-    assert module.read_back(db, table, resource) == (newer, "from a newer lease")
+    stored = fenced.read(resource)
+    assert stored is not None and (stored.fencing_token, stored.value) == (newer, "from a newer lease")
+    # Two runs and the newer writer landed; every attempt of the third run (the task retries) was refused.
+    accepted = [w.accepted for w in fenced.history(resource)]
+    assert accepted[:3] == [True, True, True] and accepted[3:] and not any(accepted[3:])
 
 
 def test_fenced_pipeline_sqlite(unique_key: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     module = load_flow_module("fenced_pipeline")
-    db = str(tmp_path / "pipeline.sqlite")
-    monkeypatch.setenv("VOLCANO_FLOWS_DB", db)
-    _fenced_pipeline_checks(module, unique_key, db, "fenced_writes")
+    monkeypatch.setenv("VOLCANO_EXAMPLES_DB", str(tmp_path / "pipeline.sqlite"))
+    _fenced_pipeline_checks(module, unique_key, "fenced_resource")
 
 
 @pytest.mark.postgres
 def test_fenced_pipeline_postgres(unique_key: str, pg_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
     module = load_flow_module("fenced_pipeline")
-    monkeypatch.setenv("VOLCANO_FLOWS_DB", pg_dsn)
+    monkeypatch.setenv("VOLCANO_EXAMPLES_DB", pg_dsn)
     table = f"prefect_fenced_{uuid.uuid4().hex[:12]}"
     try:
-        _fenced_pipeline_checks(module, unique_key, pg_dsn, table)
+        _fenced_pipeline_checks(module, unique_key, table)
     finally:
         import psycopg
 
         with psycopg.connect(pg_dsn) as conn:
-            conn.execute(f"DROP TABLE IF EXISTS {table}")
+            conn.execute(f"DROP TABLE IF EXISTS {table}, {table}_history")
 
 
 def test_a_flow_runs_as_a_script(
     unique_key: str, tmp_path: Path, prefect_subprocess_env: dict[str, str]
 ) -> None:
-    env = dict(prefect_subprocess_env, VOLCANO_FLOWS_DB=str(tmp_path / "script.sqlite"))
+    env = dict(prefect_subprocess_env, VOLCANO_EXAMPLES_DB=str(tmp_path / "script.sqlite"))
     proc = subprocess.run(
         [sys.executable, str(FLOWS_DIR / "fenced_pipeline.py"), unique_key],
         env=env,
