@@ -44,6 +44,17 @@ test: envs
 demo: envs
 	$(PREFECT_ENV)/bin/python scripts/demo.py
 
+# Every benchmark under bench/, each printing its table (a few minutes: the core bench holds a lock 60 s).
+bench: envs
+	$(PREFECT_ENV)/bin/python bench/bench_server.py
+	$(PREFECT_ENV)/bin/python bench/bench_core.py
+	$(PREFECT_ENV)/bin/python bench/bench_prefect.py
+	$(AIRFLOW_ENV)/bin/python bench/bench_airflow.py
+
+# The chaos run on its own (make test includes a short one): CHAOS_SECONDS=600 make chaos for ten minutes.
+chaos: envs
+	$(PREFECT_ENV)/bin/python -m tests.chaos.run
+
 lint: envs
 	$(PREFECT_ENV)/bin/ruff check .
 	$(PREFECT_ENV)/bin/mypy
