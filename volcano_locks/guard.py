@@ -20,7 +20,7 @@ import math
 import threading
 import time
 from types import TracebackType
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Generic, Literal, Protocol, TypeVar
 
 from volcano_locks.errors import InvalidRequest, LockContention, OwnershipLost, VolcanoError
 from volcano_locks.models import LockLease
@@ -40,6 +40,18 @@ if TYPE_CHECKING:
     from volcano_locks.client import AsyncVolcanoLocks, VolcanoLocks
 
 __all__ = ["AsyncLockContext", "AsyncLockGuard", "LockContext", "LockGuard", "OnContention"]
+
+
+class _KeeperState(Protocol):
+    @property
+    def lease(self) -> LockLease: ...
+    @property
+    def lost(self) -> bool: ...
+    @property
+    def loss(self) -> OwnershipLost | None: ...
+
+
+_KeeperT = TypeVar("_KeeperT", bound=_KeeperState)
 
 logger = logging.getLogger("volcano_locks.guard")
 
@@ -89,10 +101,10 @@ def _no_window(lease: LockLease, timing: KeeperTiming, now: float) -> bool:
     return now >= safe_window_end(lease, timing)
 
 
-class LockGuard:
-    """What a sync ``with_lock`` block gets: the latest lease and whether ownership was lost."""
+class _GuardState(Generic[_KeeperT]):
+    """What both guards report: the latest lease and whether ownership was lost."""
 
-    def __init__(self, keeper: LeaseKeeper | None) -> None:
+    def __init__(self, keeper: _KeeperT | None) -> None:
         self._keeper = keeper
 
     @property
@@ -120,6 +132,16 @@ class LockGuard:
         """The first reason ownership was lost, or ``None``."""
         return None if self._keeper is None else self._keeper.loss
 
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(acquired={self.acquired}, fencing_token={self.fencing_token}, "
+            f"lost={self.lost})"
+        )
+
+
+class LockGuard(_GuardState["LeaseKeeper"]):
+    """What a sync ``with_lock`` block gets: the latest lease and whether ownership was lost."""
+
     def wait_lost(self, timeout: float | None = None) -> bool:
         """Block up to ``timeout`` seconds for loss; return whether ownership is lost.
 
@@ -129,40 +151,9 @@ class LockGuard:
             return False
         return self._keeper.wait_lost(timeout)
 
-    def __repr__(self) -> str:
-        return f"LockGuard(acquired={self.acquired}, fencing_token={self.fencing_token}, lost={self.lost})"
 
-
-class AsyncLockGuard:
+class AsyncLockGuard(_GuardState["AsyncLeaseKeeper"]):
     """What an ``async with_lock`` block gets: the latest lease and whether ownership was lost."""
-
-    def __init__(self, keeper: AsyncLeaseKeeper | None) -> None:
-        self._keeper = keeper
-
-    @property
-    def acquired(self) -> bool:
-        """Whether the lock was acquired (``False`` only with ``on_contention="skip"``)."""
-        return self._keeper is not None
-
-    @property
-    def lease(self) -> LockLease | None:
-        """The latest lease, or ``None`` when not acquired."""
-        return None if self._keeper is None else self._keeper.lease
-
-    @property
-    def fencing_token(self) -> int | None:
-        """The lease's fencing token, to pass to whatever the lock protects."""
-        return None if self._keeper is None else self._keeper.lease.fencing_token
-
-    @property
-    def lost(self) -> bool:
-        """Whether ownership was lost."""
-        return self._keeper is not None and self._keeper.lost
-
-    @property
-    def loss(self) -> OwnershipLost | None:
-        """The first reason ownership was lost, or ``None``."""
-        return None if self._keeper is None else self._keeper.loss
 
     async def wait_lost(self, timeout: float | None = None) -> bool:
         """Wait up to ``timeout`` seconds for loss; return whether ownership is lost.
@@ -172,11 +163,6 @@ class AsyncLockGuard:
         if self._keeper is None:
             return False
         return await self._keeper.wait_lost(timeout)
-
-    def __repr__(self) -> str:
-        return (
-            f"AsyncLockGuard(acquired={self.acquired}, fencing_token={self.fencing_token}, lost={self.lost})"
-        )
 
 
 class LockContext:
