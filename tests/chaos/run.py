@@ -34,6 +34,7 @@ from .checker import Report, check
 from .events import EventLog, clock_is_shared, read_events, read_events_dir
 from .fenced_store import open_store
 from .scheduler import Action, plan
+from .worker import HOLD_MAX
 
 __all__ = ["DEFAULT_SECONDS", "ChaosConfig", "ChaosRun", "default_seconds", "main"]
 
@@ -182,7 +183,7 @@ class ChaosRun:
         while time.monotonic() < end:
             holders = self._holders()
             plain = [w for w in holders if not w.interrupt]
-            if plain or (holders and not (prefer_plain and time.monotonic() < start + timeout * 0.9)):
+            if plain or (holders and not (prefer_plain and time.monotonic() < start + 0.8 * timeout)):
                 return (plain or holders)[0]
             self._tick()
             time.sleep(0.05)
@@ -233,11 +234,13 @@ class ChaosRun:
         self.driver.emit("note", text="await_takeover: no new holder within the timeout")
 
     def _worker_stop(self, duration: float) -> None:
-        for _ in range(20):
-            # A body without interrupt=True keeps running after SIGCONT, so its late write shows fencing.
-            w = self._wait_for_holder(20.0, prefer_plain=True)
+        end = time.monotonic() + 30.0
+        while time.monotonic() < end:
+            # A body without interrupt=True keeps running after SIGCONT, so its late write shows fencing:
+            # prefer one for the first 8 s, then take any holder.
+            w = self._wait_for_holder(min(10.0, max(0.1, end - time.monotonic())), prefer_plain=True)
             if w is None:
-                break
+                continue
             w.proc.send_signal(signal.SIGSTOP)
             w.stopped = True
             if self._open_section(w):  # the log is flushed per record: this is its state when frozen
@@ -346,7 +349,7 @@ class ChaosRun:
 
     def _drain(self) -> None:
         """Ask every worker to finish; a worker still alive after the bound is a hang."""
-        bound = 3.5 + self.cfg.ttl + 10.0  # longest hold + one TTL for a stalled exit + slack
+        bound = HOLD_MAX + self.cfg.ttl + 10.0  # longest hold + one TTL for a stalled exit + slack
         for w in self.workers:
             if w.proc.poll() is None and not w.expected_dead:
                 w.proc.send_signal(signal.SIGTERM)

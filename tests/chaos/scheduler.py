@@ -1,6 +1,6 @@
 """The fault schedule: a pure plan of timed actions, repeated in cycles to fill the run.
 
-One cycle (TTL 5 s, poll 1 s: about 22 s) attacks from every side in turn:
+One cycle (TTL 5 s, poll 1 s: about 30 s) attacks from every side in turn:
 
 1. server faults on (a rotating spec: 503s, dropped connections incl. uncertain acquisitions, latency);
 2. SIGKILL the current holder with server faults paused, wait for the takeover (so the measured time is
@@ -9,7 +9,8 @@ One cycle (TTL 5 s, poll 1 s: about 22 s) attacks from every side in turn:
    next write is late and must be rejected by fencing, and its guard must report loss;
 4. while it is frozen, kill -9 a server and restart it on the same database (with two servers, the one
    not killed keeps serving its workers);
-5. latency spikes up to and past the renewal window (and past the TTL) for renewals.
+5. latency spikes up to and past the renewal window (and past the TTL) for renewals, then a stall in
+   which every renewal is delayed past the TTL: every holder then must report its loss in time.
 
 The plan is data so it can be tested without running anything; ``run.py`` executes it.
 """
@@ -30,6 +31,7 @@ SPECS: dict[str, str] = {
         "status=503:rate=0.08:when=after,drop:rate=0.06:op=renew|release:when=after,delay=0.1-0.6:rate=0.1"
     ),
     "spikes": "delay=0.5-3:rate=0.1,delay=4-8:rate=0.15:op=renew,status=503:rate=0.05",
+    "stall": "delay=4-8:op=renew",
 }
 """Server fault specs (``--faults`` syntax), named for the report."""
 
@@ -83,7 +85,10 @@ def plan(seconds: float, *, ttl: int, poll: float, servers: int, seed: int = 0) 
         )
         t += stop_for + 0.5
         actions.append(Action(t, "faults", {"spec": SPECS["spikes"], "name": "spikes"}))
-        t += 3.0 + rng.uniform(0, 2.0)
+        t += 2.0 + rng.uniform(0, 1.0)
+        # Every renewal stalls past the TTL: each holder must report loss before its local deadline.
+        actions.append(Action(t, "faults", {"spec": SPECS["stall"], "name": "stall"}))
+        t += ttl + 3.0
         cycle += 1
     actions.append(Action(max(t, seconds), "faults", {"spec": "", "name": "quiet"}))
     return actions

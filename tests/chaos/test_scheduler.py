@@ -14,7 +14,7 @@ def test_short_run_has_every_kind_of_fault(servers: int) -> None:
     for kind in ("worker_kill", "await_takeover", "spawn_worker", "worker_stop", "server_kill"):
         assert kind in kinds
     specs = {a.params["name"] for a in actions if a.kind == "faults"}
-    assert {"mixed", "spikes", "quiet"} <= specs
+    assert {"mixed", "spikes", "stall", "quiet"} <= specs
     assert [a.at for a in actions] == sorted(a.at for a in actions)
     assert actions[-1].params["spec"] == ""  # faults off for the drain
 

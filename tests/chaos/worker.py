@@ -32,7 +32,10 @@ from volcano_locks import LockContention, OwnershipLost, VolcanoError, VolcanoLo
 from .events import EventLog
 from .fenced_store import open_store
 
-__all__ = ["FROZEN_JUMP", "main"]
+__all__ = ["FROZEN_JUMP", "HOLD_MAX", "main"]
+
+HOLD_MAX = 6.0
+"""The longest a worker holds the lock in one section (seconds)."""
 
 FROZEN_JUMP = 1.0
 """Seconds a sleep may overrun before the body assumes it was frozen (SIGSTOP, a long pause)."""
@@ -61,7 +64,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--log", required=True, type=Path)
     p.add_argument("--server", type=int, default=0, help="index of the server this worker talks to")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--hold", type=float, nargs=2, default=(1.0, 3.5), metavar=("MIN", "MAX"))
+    # Holds up to longer than the TTL, so that sections need renewals and stalled renewals cost the lease.
+    p.add_argument("--hold", type=float, nargs=2, default=(1.0, HOLD_MAX), metavar=("MIN", "MAX"))
     p.add_argument("--interval", type=float, default=0.25)
     p.add_argument("--think", type=float, nargs=2, default=(0.05, 0.4), metavar=("MIN", "MAX"))
     p.add_argument("--timeout", type=float, default=1.5, help="the client's per-request timeout")
