@@ -9,7 +9,9 @@ import pytest
 from .checker import Report
 from .run import ChaosConfig, ChaosRun, default_seconds
 
-pytestmark = pytest.mark.slow
+# A long run (CHAOS_SECONDS=600) must not trip the suite's 300 s per-test timeout: each backend gets half the
+# seconds, plus whole fault cycles, start-up and the drain.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(int(default_seconds() * 1.5) + 240)]
 
 LINES: list[str] = []
 """The checker's lines, printed in the terminal summary (see conftest.py)."""
