@@ -35,8 +35,9 @@ $(PREFECT_ENV)/.synced: pyproject.toml uv.lock | $(UV)
 
 envs: $(AIRFLOW_ENV)/.synced $(PREFECT_ENV)/.synced
 
-# Core, server, CLI, chaos and Prefect tests run in the Prefect environment; Airflow tests in the Airflow one.
-test: envs
+# Static checks first, then core, server, CLI, chaos, e2e and Prefect tests in the Prefect environment, and
+# the Airflow tests in the Airflow one.
+test: envs lint
 	$(PREFECT_ENV)/bin/python -m pytest tests --ignore=tests/airflow -q -p no:cacheprovider $(PYTEST_ARGS)
 	$(AIRFLOW_ENV)/bin/python -m pytest tests/airflow -q -p no:cacheprovider $(PYTEST_ARGS)
 
@@ -55,9 +56,13 @@ bench: envs
 chaos: envs
 	$(PREFECT_ENV)/bin/python -m tests.chaos.run
 
+# Static checks: ruff everywhere; mypy --strict on each package in the environment that can import it.
 lint: envs
 	$(PREFECT_ENV)/bin/ruff check .
+	$(PREFECT_ENV)/bin/ruff format --check .
 	$(PREFECT_ENV)/bin/mypy
+	$(PREFECT_ENV)/bin/mypy --strict prefect_volcano
+	$(AIRFLOW_ENV)/bin/mypy --strict airflow_provider_volcano
 
 clean:
 	rm -rf .tools $(AIRFLOW_ENV) $(PREFECT_ENV) .demo .pytest_cache .mypy_cache .ruff_cache
