@@ -2,13 +2,13 @@
 
 One cycle (TTL 5 s, poll 1 s: about 30 s) attacks from every side in turn:
 
-1. server faults on (a rotating spec: 503s, dropped connections incl. uncertain acquisitions, latency);
-2. SIGKILL the current holder with server faults paused, wait for the takeover (so the measured time is
-   the lock's, not the faults'), then faults back on and a fresh worker joins;
-3. SIGSTOP the current holder for longer than TTL + 1 s + poll, so others take over, then SIGCONT: its
+1. server faults on (a rotating spec: 503s, dropped connections incl. uncertain acquisitions, short delays);
+2. SIGSTOP the current holder for longer than TTL + 1 s + poll, so others take over, then SIGCONT: its
    next write is late and must be rejected by fencing, and its guard must report loss;
-4. while it is frozen, kill -9 a server and restart it on the same database (with two servers, the one
+3. while it is frozen, kill -9 a server and restart it on the same database (with two servers, the one
    not killed keeps serving its workers);
+4. SIGKILL the current holder with server faults paused, wait for the takeover (so the measured time is
+   the lock's, not the faults'), then faults back on and a fresh worker joins;
 5. latency spikes up to and past the renewal window (and past the TTL) for renewals, then a stall in
    which every renewal is delayed past the TTL: every holder then must report its loss in time.
 
@@ -21,7 +21,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["SPECS", "Action", "plan"]
+__all__ = ["BASE_SPECS", "MAX_DELAY", "SPECS", "Action", "plan"]
 
 SPECS: dict[str, str] = {
     "mixed": (
@@ -34,6 +34,12 @@ SPECS: dict[str, str] = {
     "stall": "delay=4-8:op=renew",
 }
 """Server fault specs (``--faults`` syntax), named for the report."""
+
+BASE_SPECS = ("mixed", "after")
+"""The specs a cycle runs under between its special phases: short delays only (see MAX_DELAY)."""
+
+MAX_DELAY = 8.0
+"""The longest delay any spec injects (seconds)."""
 
 
 @dataclass(frozen=True)
@@ -63,27 +69,31 @@ def plan(seconds: float, *, ttl: int, poll: float, servers: int, seed: int = 0) 
     if seconds <= 0 or ttl < 5 or poll <= 0 or servers < 1:
         raise ValueError("seconds, poll must be > 0, ttl >= 5, servers >= 1")
     rng = random.Random(seed)
-    names = list(SPECS)
+    names = list(BASE_SPECS)
     takeover_bound = ttl + 1.0 + poll
     actions: list[Action] = []
     t = 1.0
     cycle = 0
     while t < seconds:
         name = names[cycle % len(names)]
-        actions.append(Action(t, "faults", {"spec": SPECS[name], "name": name}))
+        base = {"spec": SPECS[name], "name": name}
+        actions.append(Action(t, "faults", base))
         t += 1.5 + rng.uniform(0, 1.0)
-        actions.append(Action(t, "faults", {"spec": "", "name": "quiet"}))
-        actions.append(Action(t, "worker_kill"))
-        actions.append(Action(t, "await_takeover", {"timeout": takeover_bound + 4.0}))
-        actions.append(Action(t, "spawn_worker"))
-        actions.append(Action(t, "faults", {"spec": SPECS[name], "name": name}))
-        t += takeover_bound + 1.0
         stop_for = ttl + 1.0 + poll + 1.5 + rng.uniform(0, 1.0)
         actions.append(Action(t, "worker_stop", {"duration": stop_for}))
         actions.append(
             Action(t + 1.5, "server_kill", {"server": cycle % servers, "downtime": rng.uniform(0.3, 1.5)})
         )
+        # The holder SIGKILL comes after the freeze, more than MAX_DELAY after the last long-delay faults
+        # (previous cycle's spikes and stall): a renewal still held up in the server could otherwise extend
+        # the killed holder's lease and the takeover would measure the fault, not the lock.
         t += stop_for + 0.5
+        actions.append(Action(t, "faults", {"spec": "", "name": "quiet"}))
+        actions.append(Action(t, "worker_kill"))
+        actions.append(Action(t, "await_takeover", {"timeout": takeover_bound + 4.0}))
+        actions.append(Action(t, "spawn_worker"))
+        actions.append(Action(t, "faults", base))
+        t += takeover_bound + 1.0
         actions.append(Action(t, "faults", {"spec": SPECS["spikes"], "name": "spikes"}))
         t += 2.0 + rng.uniform(0, 1.0)
         # Every renewal stalls past the TTL: each holder must report loss before its local deadline.

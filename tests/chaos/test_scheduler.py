@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from .scheduler import SPECS, plan
+from .scheduler import BASE_SPECS, MAX_DELAY, SPECS, plan
 
 
 @pytest.mark.parametrize("servers", [1, 2])
@@ -28,12 +28,34 @@ def test_stop_outlasts_the_takeover_bound_and_server_kill_lands_inside_it() -> N
             assert action.at < kill.at < action.at + action.params["duration"]
 
 
+def _max_delay(spec: str) -> float:
+    delays = [float(r.split(":")[0].split("-")[-1]) for r in spec.split(",") if r.startswith("delay=")]
+    return max(delays, default=0.0)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_holder_kills_come_long_after_any_long_delay_fault(seed: int) -> None:
+    """A renewal held up in the server must not extend a killed holder's lease into the measurement."""
+    actions = plan(300, ttl=5, poll=1.0, servers=2, seed=seed)
+    long_delay_until = 0.0
+    for i, a in enumerate(actions):
+        if a.kind == "faults":
+            following = [b for b in actions[i + 1 :] if b.kind == "faults"]
+            ends = following[0].at if following else a.at
+            if _max_delay(a.params["spec"]) > 1.0:
+                long_delay_until = max(long_delay_until, ends)
+        if a.kind == "worker_kill":
+            assert a.at - long_delay_until >= MAX_DELAY, (a, long_delay_until)
+    assert all(_max_delay(SPECS[n]) <= 1.0 for n in BASE_SPECS)
+
+
 def test_long_run_rotates_server_kills_and_specs() -> None:
     actions = plan(600, ttl=5, poll=1.0, servers=2, seed=1)
     killed = {a.params["server"] for a in actions if a.kind == "server_kill"}
     assert killed == {0, 1}
     assert sum(a.kind == "worker_stop" for a in actions) >= 20
     assert {a.params["name"] for a in actions if a.kind == "faults"} >= set(SPECS)
+    assert max(_max_delay(spec) for spec in SPECS.values()) == MAX_DELAY
 
 
 def test_latency_spikes_reach_past_the_renewal_window_and_the_ttl() -> None:
