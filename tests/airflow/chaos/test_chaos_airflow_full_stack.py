@@ -272,8 +272,8 @@ def test_operator_never_succeeds_after_its_lock_was_lost_under_faults_and_a_serv
     for run_id, state in states.items():
         if state == "success":
             assert run_id not in lost_runs, "a run reported success after its lease was lost: " + where
-    # The attack landed: the run that held the lock while the server was down lost its lease, and failed.
-    assert holder_run in lost_runs, where
+    # The attack landed: the run that held the lock could not renew for longer than its TTL, so its lease was
+    # lost (its keeper gives up before the server-side lapse, or the server shows the lapse): it must fail.
     assert states[holder_run] == "failed", where
 
     history = _history(examples_db, resource)
