@@ -3,8 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
 import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 DAGS = Path(__file__).resolve().parents[2] / "dags"
 
@@ -17,3 +27,106 @@ def airflow_bin() -> str:
 def volcano_conn_json(url: str, service_key: str, **extra: object) -> str:
     """Return a Volcano connection in Airflow's JSON env-var form."""
     return json.dumps({"conn_type": "volcano", "host": url, "password": service_key, "extra": extra})
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Stack:
+    """Real Airflow processes on a private AIRFLOW_HOME and SQLite metadata database."""
+
+    def __init__(self, home: Path, env: dict[str, str]) -> None:
+        self.home, self.env = home, env
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, name: str, *args: str) -> None:
+        """Start ``airflow <args>`` in its own session, its output in ``<home>/<name>.out``."""
+        with open(self.home / f"{name}.out", "wb") as out:
+            self.procs[name] = subprocess.Popen(
+                [airflow_bin(), *args],
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def cli(self, *args: str) -> str:
+        """Run one ``airflow`` CLI command against this stack; fail the test if it fails."""
+        done = subprocess.run(
+            [airflow_bin(), *args], env=self.env, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, (args, done.stdout[-2000:], done.stderr[-2000:])
+        return done.stdout
+
+    def query(self, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+        """Read the metadata database."""
+        conn = sqlite3.connect(self.home / "airflow.db", timeout=30)
+        try:
+            return conn.execute(sql, params).fetchall()
+        finally:
+            conn.close()
+
+    def alive(self) -> None:
+        """Fail the test with the process's output if any Airflow process has exited."""
+        for name, proc in self.procs.items():
+            assert proc.poll() is None, (
+                f"airflow {name} exited:\n" + (self.home / f"{name}.out").read_text()[-3000:]
+            )
+
+    def stop(self) -> None:
+        """SIGTERM every process group, SIGKILL what is still there after 20 s."""
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        for proc in self.procs.values():
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(5)
+
+
+@contextmanager
+def running_stack(airflow_db: Path, tmp_path: Path) -> Iterator[Stack]:
+    """An api-server, dag processor, scheduler (LocalExecutor) and triggerer on a copy of the session's DB.
+
+    The Volcano connection comes from the environment (``AIRFLOW_CONN_VOLCANO_DEFAULT``); the example DAGs
+    write to ``<tmp_path>/examples.sqlite``.
+    """
+    home = tmp_path / "airflow-home"
+    home.mkdir()
+    shutil.copy(airflow_db / "airflow.pristine.db", home / "airflow.db")
+    shutil.copy(airflow_db / "airflow.cfg", home / "airflow.cfg")  # same JWT secret for every process
+    port = free_port()
+    env = {
+        **os.environ,
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
+        "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS),
+        "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+        "AIRFLOW__CORE__PARALLELISM": "4",
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
+        "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
+        "AIRFLOW__API__PORT": str(port),
+        "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(home / "logs"),
+        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+        "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
+        "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "1",
+        "VOLCANO_EXAMPLES_DB": str(tmp_path / "examples.sqlite"),
+    }
+    stack = Stack(home, env)
+    try:
+        stack.start(
+            "api-server", "api-server", "--apps", "execution", "-H", "127.0.0.1", "-p", str(port), "-w", "1"
+        )
+        stack.start("dag-processor", "dag-processor")
+        stack.start("scheduler", "scheduler")
+        stack.start("triggerer", "triggerer")
+        yield stack
+    finally:
+        stack.stop()

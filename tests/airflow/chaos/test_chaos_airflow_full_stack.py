@@ -14,12 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import signal
-import socket
 import sqlite3
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -29,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from volcano_airflow_testlib import DAGS, airflow_bin, volcano_conn_json
+from volcano_airflow_testlib import Stack, running_stack, volcano_conn_json
 
 from airflow_provider_volcano._tokens import TaskIdentity, derive_token
 from volcano_locks.server.harness import LocalServer
@@ -72,96 +67,10 @@ def chaos_conn(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Chao
         srv.close()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Stack:
-    """The Airflow processes of this test, on a private AIRFLOW_HOME and SQLite metadata database."""
-
-    def __init__(self, home: Path, env: dict[str, str]) -> None:
-        self.home, self.env = home, env
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-
-    def start(self, name: str, *args: str) -> None:
-        with open(self.home / f"{name}.out", "wb") as out:
-            self.procs[name] = subprocess.Popen(
-                [airflow_bin(), *args],
-                env=self.env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-
-    def cli(self, *args: str) -> str:
-        done = subprocess.run(
-            [airflow_bin(), *args], env=self.env, capture_output=True, text=True, timeout=120
-        )
-        assert done.returncode == 0, (args, done.stdout[-2000:], done.stderr[-2000:])
-        return done.stdout
-
-    def query(self, sql: str, *params: Any) -> list[tuple[Any, ...]]:
-        conn = sqlite3.connect(self.home / "airflow.db", timeout=30)
-        try:
-            return conn.execute(sql, params).fetchall()
-        finally:
-            conn.close()
-
-    def alive(self) -> None:
-        for name, proc in self.procs.items():
-            assert proc.poll() is None, (
-                f"airflow {name} exited:\n" + (self.home / f"{name}.out").read_text()[-3000:]
-            )
-
-    def stop(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 20
-        for proc in self.procs.values():
-            try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(5)
-
-
 @pytest.fixture
 def stack(airflow_db: Path, chaos_conn: ChaosConn, tmp_path: Path) -> Iterator[Stack]:
-    home = tmp_path / "airflow-home"
-    home.mkdir()
-    shutil.copy(airflow_db / "airflow.pristine.db", home / "airflow.db")
-    shutil.copy(airflow_db / "airflow.cfg", home / "airflow.cfg")  # same JWT secret for every process
-    port = _free_port()
-    env = {
-        **os.environ,
-        "AIRFLOW_HOME": str(home),
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
-        "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS),
-        "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
-        "AIRFLOW__CORE__PARALLELISM": "4",
-        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
-        "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
-        "AIRFLOW__API__PORT": str(port),
-        "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(home / "logs"),
-        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
-        "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
-        "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "1",
-        "VOLCANO_EXAMPLES_DB": str(tmp_path / "examples.sqlite"),
-    }
-    s = Stack(home, env)
-    try:
-        s.start(
-            "api-server", "api-server", "--apps", "execution", "-H", "127.0.0.1", "-p", str(port), "-w", "1"
-        )
-        s.start("dag-processor", "dag-processor")
-        s.start("scheduler", "scheduler")
-        s.start("triggerer", "triggerer")
+    with running_stack(airflow_db, tmp_path) as s:
         yield s
-    finally:
-        s.stop()
 
 
 def _history(db: str, resource: str) -> list[tuple[int, str, bool]]:
