@@ -15,7 +15,12 @@ from volcano_locks import VolcanoLocks
 from volcano_locks.fencing import FencedTable
 
 DAGS = Path(__file__).resolve().parents[2] / "dags"
-TESTED = {"volcano_daily_rollup", "volcano_migration", "volcano_taskflow_pipeline"}
+TESTED = {
+    "volcano_daily_rollup",
+    "volcano_migration",
+    "volcano_regional_refresh",
+    "volcano_taskflow_pipeline",
+}
 
 
 @pytest.fixture(scope="module")
@@ -171,3 +176,36 @@ def test_migration_fails_and_names_the_loss_when_force_released(
     assert _states(dr) == {"migrate": "failed"}
     out = capfd.readouterr()
     assert "Lost ownership of lock" in out.out + out.err
+
+
+def test_mapped_tasks_lock_per_map_index(dagbag, volcano_conn, outside, examples_db, unique_key) -> None:
+    """`lock_key` is templated per mapped task instance: each map index holds its own lock."""
+    held = outside.acquire(f"{unique_key}:1", 60)  # another deployment is refreshing map index 1 ("us")
+    try:
+        dr = dagbag.get_dag("volcano_regional_refresh").test(run_conf={"lock_prefix": unique_key})
+    finally:
+        outside.release(f"{unique_key}:1", held)
+
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        states = {
+            ti.map_index: str(ti.state)
+            for ti in session.query(TaskInstance).filter_by(dag_id=dr.dag_id, run_id=dr.run_id)
+        }
+        results = {
+            row.map_index: XComModel.deserialize_value(row)
+            for row in session.query(XComModel).filter_by(
+                dag_id=dr.dag_id, run_id=dr.run_id, task_id="refresh", key="return_value"
+            )
+        }
+    assert states == {0: "success", 1: "skipped", 2: "success"}
+    assert {i: (r["region"], r["lock_key"]) for i, r in results.items()} == {
+        0: ("eu", f"{unique_key}:0"),
+        2: ("apac", f"{unique_key}:2"),
+    }
+    written = {w.resource: w.fencing_token for w in FencedTable.from_env().history() if w.accepted}
+    assert written == {"region:eu": results[0]["fencing_token"], "region:apac": results[2]["fencing_token"]}
+    assert all(not outside.get(f"{unique_key}:{i}").held for i in range(3))  # every lease released
