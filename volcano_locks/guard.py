@@ -390,6 +390,10 @@ class AsyncLockContext:
             "acquired lease has no safe renewal window; block not entered", code="no_safe_window"
         )
 
+    async def _stop_and_release(self, keeper: AsyncLeaseKeeper) -> BaseException | None:
+        await keeper.stop()
+        return await self._release_quietly(keeper.lease)
+
     async def _release_quietly(self, lease: LockLease) -> BaseException | None:
         try:
             await self._client.release(self._key, lease)
@@ -416,8 +420,14 @@ class AsyncLockContext:
         if self._cancelled and self._task is not None:
             # Our own cancel is withdrawn; any count left means someone else cancelled the task too.
             outer_cancel = self._task.uncancel() > 0
-        await keeper.stop()
-        release_error = await self._release_quietly(keeper.lease)
+        cleanup = asyncio.ensure_future(self._stop_and_release(keeper))
+        try:
+            release_error = await asyncio.shield(cleanup)
+        except asyncio.CancelledError:
+            # Cancelled while cleaning up: let the release finish (bounded by the request timeout) so the
+            # lock is not left held until its TTL, then stay cancelled.
+            await asyncio.wait([cleanup])
+            raise
         loss = keeper.loss
         if (
             isinstance(exc, asyncio.CancelledError)

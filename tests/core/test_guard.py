@@ -8,6 +8,7 @@ import time
 import uuid
 from typing import Any
 
+import httpx
 import pytest
 
 from volcano_locks import (
@@ -243,6 +244,43 @@ async def test_async_outer_cancellation_still_propagates(
     with pytest.raises(asyncio.CancelledError):
         await task
     assert (await async_client.get(unique_key)).held is False
+
+
+class _SlowToRelease(httpx.AsyncBaseTransport):
+    """Loopback to the real server, but a release waits half a second before it is sent."""
+
+    def __init__(self) -> None:
+        self._inner = httpx.AsyncHTTPTransport()
+        self.release_pending = asyncio.Event()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.method == "DELETE" and request.url.path.endswith("/lease"):
+            self.release_pending.set()
+            await asyncio.sleep(0.5)
+        return await self._inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+async def test_async_cancellation_during_cleanup_still_releases(
+    volcano_server: LocalServer, unique_key: str
+) -> None:
+    transport = _SlowToRelease()
+    async with AsyncVolcanoLocks(
+        volcano_server.url, service_key=volcano_server.service_key, transport=transport
+    ) as client:
+
+        async def body() -> None:
+            async with client.with_lock(unique_key, 30):
+                pass
+
+        task = asyncio.create_task(body())
+        await transport.release_pending.wait()
+        task.cancel()  # lands while the block's cleanup is releasing
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert (await client.get(unique_key)).held is False
 
 
 async def test_async_loss_when_server_stops_answering(tmp_path: Any, unique_key: str) -> None:
