@@ -16,9 +16,11 @@ the fencing tokens the table saw, and that the stale write was rejected. It leav
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -64,7 +66,10 @@ class Contender:
         self.name = name
         self.log = log
         self._out = log.open("w")
-        self.proc = subprocess.Popen(argv, env=env, stdout=self._out, stderr=subprocess.STDOUT, cwd=REPO)
+        # A session of its own, so that stop() also ends what it started (Prefect's temporary server).
+        self.proc = subprocess.Popen(
+            argv, env=env, stdout=self._out, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True
+        )
 
     def wait(self, timeout: float) -> int:
         try:
@@ -73,9 +78,10 @@ class Contender:
             self._out.close()
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+        """Kill the run and everything it started, if it is still going."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
         self._out.close()
 
     def output(self) -> str:
@@ -94,10 +100,17 @@ def wait_until(what: str, predicate: Callable[[], bool], contender: Contender, t
 
 
 def finish(contenders: list[Contender], timeout: float) -> None:
+    """Wait for every contender to succeed."""
     for contender in contenders:
         code = contender.wait(timeout)
         if code != 0:
             raise SystemExit(f"{contender.name} failed (exit {code}):\n{contender.output()[-4000:]}")
+
+
+def stop_all(contenders: list[Contender]) -> None:
+    """Leave none of them running, whatever happened."""
+    for contender in contenders:
+        contender.stop()
 
 
 def run_airflow(work: Path, env: dict[str, str], client: VolcanoLocks, table: FencedTable) -> list[Row]:
@@ -134,9 +147,12 @@ def run_airflow(work: Path, env: dict[str, str], client: VolcanoLocks, table: Fe
         )
         for name, home_env in zip("AB", envs, strict=True)
     ]
-    wait_until("a run holds the lock", lambda: client.get(MIGRATION_KEY).held, runs[0], 180)
-    say(f"Airflow: one run holds {MIGRATION_KEY!r}; the other must wait for it")
-    finish(runs, timeout=300)
+    try:
+        wait_until("a run holds the lock", lambda: client.get(MIGRATION_KEY).held, runs[0], 180)
+        say(f"Airflow: one run holds {MIGRATION_KEY!r}; the other must wait for it")
+        finish(runs, timeout=300)
+    finally:
+        stop_all(runs)
     say("Airflow: both runs finished")
 
     # Each run writes with its run id as the writer, in the order the lock passed between them.
@@ -183,9 +199,12 @@ def run_prefect(work: Path, env: dict[str, str], client: VolcanoLocks) -> list[R
         flow_env = {**env, "PREFECT_HOME": str(home), "PREFECT_LOGGING_LEVEL": "WARNING"}
         argv = [str(PREFECT_PYTHON), "-c", code, "15"]  # the holder works for 15 s
         runs.append(Contender(f"Prefect flow {name}", argv, flow_env, work / f"prefect-{name}.log"))
-    wait_until("a flow holds the lock", lambda: client.get(ROLLUP_KEY).held, runs[0], 180)
-    say(f"Prefect: one flow holds {ROLLUP_KEY!r}; the other will find it taken and skip")
-    finish(runs, timeout=300)
+    try:
+        wait_until("a flow holds the lock", lambda: client.get(ROLLUP_KEY).held, runs[0], 180)
+        say(f"Prefect: one flow holds {ROLLUP_KEY!r}; the other will find it taken and skip")
+        finish(runs, timeout=300)
+    finally:
+        stop_all(runs)
     say("Prefect: both flows finished")
     rows = []
     for run in runs:
@@ -238,6 +257,8 @@ def print_table(rows: list[Row]) -> None:
 
 
 def main() -> int:
+    # SIGTERM (make interrupted, CI cancelled) unwinds like Ctrl-C: the server and every run are stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     work = Path(tempfile.mkdtemp(prefix="volcano-demo-"))
     try:
         say("starting the local Volcano-compatible locks server (SQLite, a free port)")
