@@ -30,9 +30,32 @@ _DEFAULT_PROJECT = "local"
 class _ServerBase:
     """What both harnesses share: keys, env, and the admin endpoints."""
 
-    url: str
-    secret: str
     project: str = _DEFAULT_PROJECT
+
+    def __init__(
+        self,
+        db: str | None,
+        secret: str | None,
+        quota: int,
+        faults: str | None,
+        admin: bool,
+        port: int,
+        host: str,
+        log_requests: bool,
+    ) -> None:
+        """Keep the options; db None means a fresh SQLite file in a private temp dir removed with us."""
+        self._tmp = Path(tempfile.mkdtemp(prefix="volcano-locks-"))
+        self._finalizer = weakref.finalize(self, shutil.rmtree, str(self._tmp), True)
+        self.db = db or str(self._tmp / "locks.sqlite3")
+        self.secret = check_secret(secret) if secret is not None else secrets.token_urlsafe(48)
+        self.quota = quota
+        self.faults_spec = faults
+        self.admin = admin
+        self.port = port
+        self.host = host
+        self.log_requests = log_requests
+        self.url = ""
+        self._default_keys: dict[tuple[str, str, str], str] = {}
 
     def mint_key(
         self,
@@ -59,11 +82,10 @@ class _ServerBase:
         return self._default_key("anon")
 
     def _default_key(self, role: str) -> str:
-        minted: dict[tuple[str, str, str], str] = self.__dict__.setdefault("_default_keys", {})
         ident = (self.secret, self.project, role)
-        if ident not in minted:
-            minted[ident] = self.mint_key(self.project, role)
-        return minted[ident]
+        if ident not in self._default_keys:
+            self._default_keys[ident] = self.mint_key(self.project, role)
+        return self._default_keys[ident]
 
     def env(self) -> dict[str, str]:
         """The VOLCANO_* environment variables a client needs to reach this server."""
@@ -127,20 +149,10 @@ class LocalServer(_ServerBase):
         env: dict[str, str] | None = None,
     ) -> None:
         """Configure (not start) a server; db None means a fresh SQLite file in a private temp dir."""
-        self._tmp = Path(tempfile.mkdtemp(prefix="volcano-locks-"))
-        self._finalizer = weakref.finalize(self, shutil.rmtree, str(self._tmp), True)
-        self.db = db or str(self._tmp / "locks.sqlite3")
-        self.secret = check_secret(secret) if secret is not None else secrets.token_urlsafe(48)
-        self.quota = quota
-        self.faults_spec = faults
-        self.admin = admin
-        self.port = port
-        self.host = host
+        super().__init__(db, secret, quota, faults, admin, port, host, log_requests)
         self.python = python
-        self.log_requests = log_requests
         self.startup_timeout = startup_timeout
         self.extra_env = dict(env or {})
-        self.url = ""
         self.proc: subprocess.Popen[bytes] | None = None
         self.stdout_path = self._tmp / "stdout.log"
         self.stderr_path = self._tmp / "stderr.log"
@@ -265,18 +277,8 @@ class InProcessServer(_ServerBase):
         """Configure (not start) a server; db None means a fresh SQLite file in a private temp dir."""
         from .store import LockStore
 
-        self._tmp = Path(tempfile.mkdtemp(prefix="volcano-locks-"))
-        self._finalizer = weakref.finalize(self, shutil.rmtree, str(self._tmp), True)
-        self.db = db or str(self._tmp / "locks.sqlite3")
-        self.secret = check_secret(secret) if secret is not None else secrets.token_urlsafe(48)
-        self.quota = quota
-        self.faults_spec = faults
-        self.admin = admin
-        self.port = port
-        self.host = host
+        super().__init__(db, secret, quota, faults, admin, port, host, log_requests)
         self.clock = clock
-        self.log_requests = log_requests
-        self.url = ""
         self._store: LockStore | None = None
         self._httpd: Any = None
 
