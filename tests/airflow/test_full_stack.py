@@ -8,7 +8,6 @@ the service key nor any ownership token is in trigger rows, XCom rows, next_kwar
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +16,7 @@ import pytest
 from volcano_airflow_testlib import Stack, running_stack
 
 from airflow_provider_volcano._tokens import TaskIdentity, derive_token
+from volcano_locks.fencing import FencedTable
 
 pytestmark = pytest.mark.slow
 
@@ -33,12 +33,7 @@ def test_two_runs_contend_one_defers_both_succeed_nothing_secret_stored(
     stack: Stack, volcano_conn, unique_key
 ) -> None:
     resource = f"schema-{unique_key}"
-    deadline = time.monotonic() + 120
-    while not stack.query("SELECT 1 FROM serialized_dag WHERE dag_id = ?", DAG_ID):
-        stack.alive()
-        assert time.monotonic() < deadline, "the dag processor never parsed the DAG"
-        time.sleep(1)
-    stack.cli("dags", "unpause", DAG_ID)
+    stack.unpause_when_parsed(DAG_ID, timeout=120)
     # Each run holds the lock ~10 s. A shorter hold lets the trigger fire before the scheduler has
     # processed the executor's event for the deferring exit; Airflow 3.3.2's LocalExecutor then
     # forgets the resumed workload and the scheduler fails the running task (an Airflow race).
@@ -67,12 +62,8 @@ def test_two_runs_contend_one_defers_both_succeed_nothing_secret_stored(
     assert trigger_rows, "the waiting run's trigger row was never seen"
 
     # The fenced table: the runs' steps did not interleave, and no stale write landed.
-    conn = sqlite3.connect(stack.env["VOLCANO_EXAMPLES_DB"])
-    writes = conn.execute(
-        "SELECT fencing_token, value, accepted FROM fenced_resource_history WHERE resource = ? ORDER BY id",
-        (resource,),
-    ).fetchall()
-    conn.close()
+    history = FencedTable(stack.env["VOLCANO_EXAMPLES_DB"]).history(resource)
+    writes = [(w.fencing_token, w.value, w.accepted) for w in history]
     assert len(writes) == 10 and all(accepted for _, _, accepted in writes)
     tokens = [t for t, _, _ in writes]
     assert tokens == sorted(tokens) and len(set(tokens)) == 2

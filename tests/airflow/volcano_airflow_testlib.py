@@ -70,6 +70,15 @@ class Stack:
         finally:
             conn.close()
 
+    def unpause_when_parsed(self, dag_id: str, timeout: float = 180) -> None:
+        """Wait for the dag processor to serialise ``dag_id``, then unpause it."""
+        deadline = time.monotonic() + timeout
+        while not self.query("SELECT 1 FROM serialized_dag WHERE dag_id = ?", dag_id):
+            self.alive()
+            assert time.monotonic() < deadline, "the dag processor never parsed the DAG"
+            time.sleep(1)
+        self.cli("dags", "unpause", dag_id)
+
     def alive(self) -> None:
         """Fail the test with the process's output if any Airflow process has exited."""
         for name, proc in self.procs.items():

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sqlite3
 import sys
 import time
 from collections.abc import Iterator
@@ -27,6 +26,7 @@ import pytest
 from volcano_airflow_testlib import Stack, running_stack, volcano_conn_json
 
 from airflow_provider_volcano._tokens import TaskIdentity, derive_token
+from volcano_locks.fencing import FencedTable
 from volcano_locks.server.harness import LocalServer
 
 REPO = Path(__file__).resolve().parents[3]
@@ -74,20 +74,7 @@ def stack(airflow_db: Path, chaos_conn: ChaosConn, tmp_path: Path) -> Iterator[S
 
 
 def _history(db: str, resource: str) -> list[tuple[int, str, bool]]:
-    if not Path(db).exists():
-        return []
-    conn = sqlite3.connect(db, timeout=30)
-    try:
-        rows = conn.execute(
-            "SELECT fencing_token, value, accepted FROM fenced_resource_history"
-            " WHERE resource = ? ORDER BY id",
-            (resource,),
-        ).fetchall()
-    except sqlite3.OperationalError:  # not created yet
-        return []
-    finally:
-        conn.close()
-    return [(int(t), str(v), bool(a)) for t, v, a in rows]
+    return [(w.fencing_token, w.value, w.accepted) for w in FencedTable(db).history(resource)]
 
 
 def _task_log(stack: Stack, run_id: str) -> str:
@@ -111,12 +98,7 @@ def test_operator_never_succeeds_after_its_lock_was_lost_under_faults_and_a_serv
     srv = chaos_conn.server
     resource = f"chaos-{unique_key}"
     examples_db = stack.env["VOLCANO_EXAMPLES_DB"]
-    deadline = time.monotonic() + 180
-    while not stack.query("SELECT 1 FROM serialized_dag WHERE dag_id = ?", DAG_ID):
-        stack.alive()
-        assert time.monotonic() < deadline, "the dag processor never parsed the DAG"
-        time.sleep(1)
-    stack.cli("dags", "unpause", DAG_ID)
+    stack.unpause_when_parsed(DAG_ID, timeout=180)
     conf = json.dumps({"lock_key": unique_key, "steps": 8, "step_seconds": 1.5, "resource": resource})
     for run_id in ("chaos_a", "chaos_b"):
         stack.cli("dags", "trigger", DAG_ID, "--run-id", run_id, "--conf", conf)
