@@ -5,11 +5,17 @@ Starts `volcano-locks serve` (SQLite in a temp dir, and PostgreSQL if reachable)
 Prints a markdown table. Usage:
 
     .venv-prefect/bin/python bench/bench_server.py [--seconds 3] [--threads 1,8] [--no-postgres]
+    .venv-prefect/bin/python bench/bench_server.py --compare-uvicorn
+
+`--compare-uvicorn` measures the alternative the server did not take: the same LockApp as an ASGI app
+under uvicorn (h11, `limit_concurrency`), against the stdlib server, on SQLite: throughput, and how long
+an idle socket and a slowloris drip stay open.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -81,13 +87,131 @@ def drive(url: str, key: str, threads: int, seconds: float) -> tuple[int, list[f
     return len(flat), flat
 
 
+def _uvicorn_child(db: str, limit: int) -> None:
+    """Serve LockApp as an ASGI app under uvicorn (the measured alternative), printing the URL, then ready."""
+    import socket
+
+    import anyio.to_thread
+    import uvicorn
+
+    from volcano_locks.server.app import Request
+    from volcano_locks.server.runner import build_app
+    from volcano_locks.server.store import open_store
+
+    app = build_app(open_store(db), os.environ["VOLCANO_LOCAL_SECRET"], quota=0, log_requests=False)
+
+    async def asgi(scope: dict, receive, send) -> None:  # type: ignore[no-untyped-def]
+        if scope["type"] != "http":
+            return
+        body = b""
+        while True:
+            msg = await receive()
+            body += msg.get("body", b"")
+            if not msg.get("more_body"):
+                break
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        req = Request(scope["method"], scope["raw_path"].decode("latin-1"), headers, body)
+        resp = await anyio.to_thread.run_sync(app.handle, req)
+        payload = b"" if resp.body is None else json.dumps(resp.body, separators=(",", ":")).encode()
+        out = [(b"content-type", b"application/json")] if resp.body is not None else []
+        if resp.status != 204:
+            out.append((b"content-length", str(len(payload)).encode()))
+        out += [(k.lower().encode(), v.encode()) for k, v in resp.headers.items()]
+        await send({"type": "http.response.start", "status": resp.status, "headers": out})
+        await send({"type": "http.response.body", "body": payload})
+
+    # proto=IPPROTO_TCP, or asyncio leaves Nagle on for accepted sockets (40 ms per response here).
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    print(f"VOLCANO_API_URL=http://127.0.0.1:{sock.getsockname()[1]}\nready", flush=True)
+    config = uvicorn.Config(asgi, http="h11", lifespan="off", log_level="warning", limit_concurrency=limit)
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+def _held_open(url: str, seconds: float) -> tuple[bool, bool]:
+    """Open an idle socket and a slowloris (one header byte a second); is each still open after `seconds`?"""
+    import socket
+
+    host, port = url.rsplit("/", 1)[1].split(":")
+    idle = socket.create_connection((host, int(port)))
+    drip = socket.create_connection((host, int(port)))
+    drip.sendall(b"GET /locks/x HTTP/1.1\r\nHost: x\r\n")
+    deadline = time.monotonic() + seconds
+    drip_open = True
+    while time.monotonic() < deadline and drip_open:
+        try:
+            drip.sendall(b"X")
+        except OSError:
+            drip_open = False
+        time.sleep(1)
+
+    def still_open(s: socket.socket) -> bool:
+        s.settimeout(0.5)
+        try:
+            return s.recv(1, socket.MSG_PEEK) != b""
+        except TimeoutError:
+            return True  # nothing to read and not closed
+        except OSError:
+            return False
+
+    result = (still_open(idle), drip_open and still_open(drip))
+    idle.close()
+    drip.close()
+    return result
+
+
+def compare_uvicorn(seconds: float) -> None:
+    """Print stdlib vs uvicorn throughput and hold times for the same LockApp on SQLite."""
+    import secrets
+    import subprocess
+    import tempfile
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        with LocalServer(db=f"{tmp}/a.sqlite3", quota=0, log_requests=False) as srv:
+            drive(srv.url, srv.service_key, 1, 0.3)
+            rates = [drive(srv.url, srv.service_key, t, seconds)[0] / seconds for t in (1, 8)]
+            rows.append(("stdlib ThreadingHTTPServer (this server)", *rates, *_held_open(srv.url, 8)))
+        secret = secrets.token_urlsafe(48)
+        env = {**os.environ, "VOLCANO_LOCAL_SECRET": secret}
+        cmd = [sys.executable, __file__, "--uvicorn-child", f"{tmp}/b.sqlite3"]
+        with subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env, text=True) as proc:
+            assert proc.stdout is not None
+            url = proc.stdout.readline().split("=", 1)[1].strip()
+            proc.stdout.readline()
+            from volcano_locks.server.auth import mint_key
+
+            key = mint_key(secret)
+            drive(url, key, 1, 0.3)
+            rates = [drive(url, key, t, seconds)[0] / seconds for t in (1, 8)]
+            rows.append(("uvicorn 0.54 h11, limit_concurrency=64", *rates, *_held_open(url, 8)))
+            proc.terminate()
+    print(f"HTTP layer for the same LockApp on SQLite ({seconds:g} s per rate; hold test 8 s)\n")
+    print(
+        "| HTTP layer | pairs/s, 1 client | pairs/s, 8 clients | idle socket open after 8 s | "
+        "slowloris drip open after 8 s |"
+    )
+    print("| --- | ---: | ---: | --- | --- |")
+    for name, r1, r8, idle, drip in rows:
+        print(f"| {name} | {r1:,.0f} | {r8:,.0f} | {'yes' if idle else 'no'} | {'yes' if drip else 'no'} |")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=3.0, help="measuring time per row")
     parser.add_argument("--threads", default="1,8", help="comma-separated client thread counts")
     parser.add_argument("--no-postgres", action="store_true")
     parser.add_argument("--pg-dsn", default=PG_DSN)
+    parser.add_argument("--compare-uvicorn", action="store_true", help="stdlib vs uvicorn, see above")
+    parser.add_argument("--uvicorn-child", metavar="DB", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.uvicorn_child:
+        _uvicorn_child(args.uvicorn_child, 64)
+        return 0
+    if args.compare_uvicorn:
+        compare_uvicorn(args.seconds)
+        return 0
     thread_counts = [int(t) for t in args.threads.split(",")]
 
     storages = [("SQLite", None)]
