@@ -20,6 +20,7 @@ __all__ = ["VolcanoConnectionConfig", "VolcanoConnectionError", "VolcanoHook", "
 DEFAULT_TIMEOUT = 10.0
 # A key nobody locks: test_connection reads it to prove the URL and the key's permissions.
 _PROBE_KEY = "airflow-provider-volcano.connection-test"
+_DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 class VolcanoConnectionError(AirflowException, ValueError):
@@ -72,7 +73,7 @@ def _extra_value(extra: dict[str, Any], name: str) -> Any:
 def _api_url(conn_id: str, host: str | None, port: int | None, schema: str | None) -> str:
     if not host:
         raise VolcanoConnectionError(
-            f"Volcano connection {conn_id!r} has no API URL: set its Host field "
+            f"Volcano connection {conn_id!r} has no API URL: set its API URL field "
             "(e.g. https://api.volcano.dev)"
         )
     url = host.strip().rstrip("/")
@@ -84,13 +85,26 @@ def _api_url(conn_id: str, host: str | None, port: int | None, schema: str | Non
             f"Volcano connection {conn_id!r}: API URL {url!r} is not an http(s) URL with a host"
         )
     try:
-        parts.port  # noqa: B018 - only to validate it
+        url_port = parts.port
     except ValueError:
         raise VolcanoConnectionError(
             f"Volcano connection {conn_id!r}: API URL {url!r} has an invalid port"
         ) from None
-    if port and parts.port is None:
-        url = f"{parts.scheme}://{parts.netloc}:{port}{parts.path}"
+    if port is not None and port != 0:
+        # The Port field exists so that Airflow 3.3.2's Test icon works (apache/airflow#73298); it
+        # must name the same endpoint as the URL, never silently redirect the keys elsewhere.
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+            raise VolcanoConnectionError(
+                f"Volcano connection {conn_id!r}: Port must be a TCP port (1-65535), got {port!r}"
+            )
+        effective = url_port if url_port is not None else _DEFAULT_PORTS[parts.scheme]
+        if url_port is not None and port != url_port:
+            raise VolcanoConnectionError(
+                f"Volcano connection {conn_id!r}: Port {port} differs from the port of API URL "
+                f"{url!r}; leave Port empty or make them the same"
+            )
+        if port != effective:
+            url = f"{parts.scheme}://{parts.netloc}:{port}{parts.path}"
     if schema:
         url = f"{url}/{schema.strip('/')}"
     return url
@@ -124,7 +138,7 @@ def parse_connection(conn: Any) -> VolcanoConnectionConfig:
     service_key = conn.password or _extra_value(extra, "service_key")
     if not service_key:
         raise VolcanoConnectionError(
-            f"Volcano connection {conn_id!r} has no service key: set its Password field "
+            f"Volcano connection {conn_id!r} has no service key: set its Service key field "
             "to the project's service-role key"
         )
     anon_key = _extra_value(extra, "anon_key")
@@ -141,7 +155,8 @@ def parse_connection(conn: Any) -> VolcanoConnectionConfig:
 class VolcanoHook(BaseHook):
     """Builds the core Volcano lock clients from an Airflow connection.
 
-    The connection holds the API URL in Host, the service key in Password and, in Extra,
+    The form's API URL is the connection's ``host``, its Service key the ``password``, its Port the
+    optional ``port`` (only needed by Airflow 3.3.2's Test icon, apache/airflow#73298) and, in Extra,
     ``anon_key`` (secret) and ``timeout`` (seconds). Both keys are masked in task logs.
 
     :param volcano_conn_id: the connection id (default ``volcano_default``).

@@ -67,6 +67,36 @@ def test_bare_host_defaults_to_https_and_keeps_port_and_prefix(monkeypatch: pyte
     assert VolcanoHook("v_bare").config.api_url == "https://locks.example:8443/v1"
 
 
+@pytest.mark.parametrize(
+    ("host", "port", "url"),
+    [
+        # What the form saves when Port is filled in for Airflow 3.3.2's Test icon.
+        ("https://api.volcano.dev", 443, "https://api.volcano.dev"),
+        ("http://127.0.0.1", 8123, "http://127.0.0.1:8123"),
+        ("http://127.0.0.1:8123", 8123, "http://127.0.0.1:8123"),
+        ("http://127.0.0.1:8123", None, "http://127.0.0.1:8123"),
+        ("http://127.0.0.1", 80, "http://127.0.0.1"),
+    ],
+)
+def test_port_field_names_the_same_endpoint_as_the_url(
+    monkeypatch: pytest.MonkeyPatch, host: str, port: int | None, url: str
+) -> None:
+    _env(
+        monkeypatch,
+        "v_port",
+        json.dumps({"conn_type": "volcano", "host": host, "port": port, "password": SECRET}),
+    )
+    assert VolcanoHook("v_port").config.api_url == url
+
+
+def test_missing_key_names_the_form_field_not_airflows_internal_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    _env(monkeypatch, "v_nokey", json.dumps({"conn_type": "volcano", "host": "http://x.test"}))
+    ok, message = VolcanoHook("v_nokey").test_connection()
+    assert not ok
+    assert "Service key" in message
+    assert "password" not in message.lower()
+
+
 def test_prefixed_extra_names_of_older_uis_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
     _env(
         monkeypatch,
@@ -89,10 +119,18 @@ def test_hook_timeout_overrides_connection(monkeypatch: pytest.MonkeyPatch) -> N
 @pytest.mark.parametrize(
     ("conn", "message"),
     [
-        ({"conn_type": "volcano", "password": SECRET}, "has no API URL: set its Host field"),
-        ({"conn_type": "volcano", "host": "http://x.test"}, "has no service key: set its Password field"),
+        ({"conn_type": "volcano", "password": SECRET}, "has no API URL: set its API URL field"),
+        ({"conn_type": "volcano", "host": "http://x.test"}, "has no service key: set its Service key field"),
         ({"conn_type": "volcano", "host": "ftp://x.test", "password": SECRET}, "is not an http(s) URL"),
         ({"conn_type": "volcano", "host": "http://x.test:99999", "password": SECRET}, "invalid port"),
+        (
+            {"conn_type": "volcano", "host": "http://x.test:8000", "port": 9000, "password": SECRET},
+            "Port 9000 differs from the port of API URL 'http://x.test:8000'",
+        ),
+        (
+            {"conn_type": "volcano", "host": "http://x.test", "port": 70000, "password": SECRET},
+            "Port must be a TCP port (1-65535), got 70000",
+        ),
         (
             {
                 "conn_type": "volcano",
