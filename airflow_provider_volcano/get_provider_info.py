@@ -1,3 +1,7 @@
+# NOTE! THIS FILE IS GENERATED from providers/volcano/provider.yaml; edit that file, then run
+#     .venv-airflow/bin/python providers/volcano/generate_provider_info.py
+# tests/airflow/test_provider_info.py fails when this file and provider.yaml disagree.
+# ruff: noqa: E501
 """Provider info for Airflow's providers manager (the ``apache_airflow_provider`` entry point)."""
 
 from __future__ import annotations
@@ -17,23 +21,44 @@ def get_provider_info() -> dict[str, Any]:
             {
                 "integration-name": "Volcano",
                 "external-doc-url": "https://volcano.dev",
-                "tags": ["service"],
-            }
+                "how-to-guide": [
+                    "/docs/volcano-locks/operators.rst",
+                    "/docs/volcano-locks/taskflow.rst",
+                ],
+                "tags": [
+                    "service",
+                ],
+            },
         ],
         "hooks": [
-            {"integration-name": "Volcano", "python-modules": ["airflow_provider_volcano.hooks.volcano"]}
+            {
+                "integration-name": "Volcano",
+                "python-modules": [
+                    "airflow_provider_volcano.hooks.volcano",
+                ],
+            },
         ],
         "operators": [
-            {"integration-name": "Volcano", "python-modules": ["airflow_provider_volcano.operators.lock"]}
+            {
+                "integration-name": "Volcano",
+                "python-modules": [
+                    "airflow_provider_volcano.operators.lock",
+                ],
+            },
         ],
         "triggers": [
-            {"integration-name": "Volcano", "python-modules": ["airflow_provider_volcano.triggers.lock"]}
+            {
+                "integration-name": "Volcano",
+                "python-modules": [
+                    "airflow_provider_volcano.triggers.lock",
+                ],
+            },
         ],
         "task-decorators": [
             {
                 "name": "volcano_lock",
                 "class-name": "airflow_provider_volcano.decorators.volcano_lock.volcano_lock_task",
-            }
+            },
         ],
         "connection-types": [
             {
@@ -41,26 +66,46 @@ def get_provider_info() -> dict[str, Any]:
                 "hook-class-name": "airflow_provider_volcano.hooks.volcano.VolcanoHook",
                 "hook-name": "Volcano",
                 "ui-field-behaviour": {
-                    "hidden-fields": ["schema", "port", "login"],
-                    "relabeling": {"host": "API URL", "password": "Service key"},
+                    "hidden-fields": [
+                        "schema",
+                        "login",
+                    ],
+                    "relabeling": {
+                        "host": "API URL",
+                        "password": "Service key",
+                        "port": "Port",
+                    },
                     "placeholders": {
                         "host": "https://api.volcano.dev",
                         "password": "the project's service-role key",
+                        "port": "443 (only for Airflow 3.3.2's Test icon)",
                     },
                 },
                 "conn-fields": {
                     "anon_key": {
                         "label": "Anon key",
-                        "description": "The project's anon (public) key; optional, lock calls use the "
-                        "service key.",
-                        "schema": {"type": ["string", "null"], "format": "password"},
+                        "description": "The project's anon (public) key; optional, lock calls use the service key.",
+                        "schema": {
+                            "type": [
+                                "string",
+                                "null",
+                            ],
+                            "format": "password",
+                        },
                     },
                     "timeout": {
                         "label": "Request timeout (seconds)",
                         "description": "Timeout of each request to the Volcano API.",
-                        "schema": {"type": ["number", "null"], "minimum": 0.1, "default": 10},
+                        "schema": {
+                            "type": [
+                                "number",
+                                "null",
+                            ],
+                            "minimum": 0.1,
+                            "default": 10,
+                        },
                     },
                 },
-            }
+            },
         ],
     }
