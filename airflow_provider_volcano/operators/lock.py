@@ -147,15 +147,15 @@ class VolcanoLockOperator(BaseOperator):
             hook = self.__dict__["_hook"] = VolcanoHook(self.volcano_conn_id)
         return hook
 
-    def _identity(self, context: Context) -> TaskIdentity:
+    def _identity(self, context: Context, nonce: str) -> TaskIdentity:
         from airflow_provider_volcano._tokens import TaskIdentity
 
-        return TaskIdentity.from_task_instance(context["ti"])
+        return TaskIdentity.from_task_instance(context["ti"], nonce)
 
-    def _token(self, context: Context) -> str:
+    def _token(self, context: Context, nonce: str) -> str:
         from airflow_provider_volcano._tokens import derive_token
 
-        return derive_token(self.hook.config.service_key, self._identity(context), self.lock_key)
+        return derive_token(self.hook.config.service_key, self._identity(context, nonce), self.lock_key)
 
     def _holder(self, client: VolcanoLocks) -> LockState | None:
         from volcano_locks import VolcanoError
@@ -180,22 +180,38 @@ class VolcanoLockOperator(BaseOperator):
 
     def execute(self, context: Context) -> Any:
         """Acquire the lock (or wait, skip, fail per ``on_contention``) and run the callable."""
-        deadline = None if self.wait_timeout is None else time.time() + self.wait_timeout
-        return self._run_locked(context, deadline)
+        from airflow_provider_volcano._tokens import new_nonce
 
-    def execute_complete(self, context: Context, event: dict[str, Any], deadline: float | None = None) -> Any:
+        deadline = None if self.wait_timeout is None else time.time() + self.wait_timeout
+        # This try's owner nonce: drawn once, carried to the trigger and the resumed execution.
+        return self._run_locked(context, deadline, new_nonce())
+
+    def execute_complete(
+        self,
+        context: Context,
+        event: dict[str, Any],
+        deadline: float | None = None,
+        nonce: str | None = None,
+    ) -> Any:
         """Resume after :class:`VolcanoLockTrigger` fired: run if acquired, else fail with its reason."""
         status = event.get("status")
         message = event.get("message") or ""
         if deadline is None and isinstance(event.get("deadline"), int | float):
             deadline = float(event["deadline"])
+        # Echoed by the trigger too, where the deferral's method kwargs are not carried over (dag.test()).
+        nonce = nonce or event.get("nonce")
         if status == "acquired":
             self.log.info(
                 "Trigger acquired lock %r (fencing token %s); resuming",
                 self.lock_key,
                 event.get("fencing_token"),
             )
-            return self._run_locked(context, deadline)
+            if not isinstance(nonce, str):
+                raise AirflowException(
+                    f"Resumed for lock {self.lock_key!r} without this try's owner nonce; cannot "
+                    "prove ownership of the lease the trigger acquired"
+                )
+            return self._run_locked(context, deadline, nonce)
         if status == "timeout":
             raise VolcanoLockContended(
                 f"Timed out waiting for lock {self.lock_key!r} "
@@ -205,7 +221,7 @@ class VolcanoLockOperator(BaseOperator):
             f"Waiting for lock {self.lock_key!r} failed: {message or 'the trigger gave no reason'}"
         )
 
-    def _run_locked(self, context: Context, deadline: float | None) -> Any:
+    def _run_locked(self, context: Context, deadline: float | None, nonce: str) -> Any:
         from volcano_locks import InvalidRequest, LockContention, OwnershipLost, WaitTimeout
 
         wait_in_place = self.on_contention == "wait" and not self.deferrable
@@ -220,7 +236,7 @@ class VolcanoLockOperator(BaseOperator):
                         client.with_lock(
                             self.lock_key,
                             self.ttl,
-                            token=self._token(context),
+                            token=self._token(context, nonce),
                             on_contention="wait" if wait_in_place else "raise",
                             wait_timeout=None if deadline is None else max(0.0, deadline - time.time()),
                             interrupt=True,
@@ -232,16 +248,17 @@ class VolcanoLockOperator(BaseOperator):
                         f"{_holder_facts(exc.holder)}"
                     ) from None
                 except LockContention as exc:
-                    return self._contended(client, exc, context, deadline)
+                    return self._contended(client, exc, context, deadline, nonce)
                 except InvalidRequest as exc:
                     raise AirflowFailException(f"Invalid lock request for {self.lock_key!r}: {exc}") from None
                 entered = True
                 lease = guard.lease
                 self.log.info(
-                    "Holding lock %r (fencing token %s, ttl %s s)",
+                    "Holding lock %r (fencing token %s, ttl %s s, owner %s)",
                     self.lock_key,
                     lease.fencing_token,
                     self.ttl,
+                    nonce,  # public: the token is derived from it and the service key
                 )
                 self._active, self._body_thread = guard, threading.get_ident()
                 result = self._call(context, lease)
@@ -252,7 +269,7 @@ class VolcanoLockOperator(BaseOperator):
         except OwnershipLost as exc:
             if not entered:
                 # Our own lease lapsed between the trigger's acquisition and this resume.
-                return self._contended(None, exc, context, deadline)
+                return self._contended(None, exc, context, deadline, nonce)
             raise self._lost(exc) from None
         finally:
             self._active = self._body_thread = None
@@ -265,7 +282,12 @@ class VolcanoLockOperator(BaseOperator):
         )
 
     def _contended(
-        self, client: VolcanoLocks | None, exc: LockContention, context: Context, deadline: float | None
+        self,
+        client: VolcanoLocks | None,
+        exc: LockContention,
+        context: Context,
+        deadline: float | None,
+        nonce: str,
     ) -> Any:
         holder = self._holder(client) if client is not None else None
         facts = _holder_facts(holder)
@@ -277,23 +299,23 @@ class VolcanoLockOperator(BaseOperator):
             raise VolcanoLockContended(
                 f"Timed out after {self.wait_timeout} s waiting for lock {self.lock_key!r}, {facts}"
             )
-        self._defer(context, deadline, facts)
+        self._defer(context, deadline, facts, nonce)
 
-    def _defer(self, context: Context, deadline: float | None, facts: str) -> None:
+    def _defer(self, context: Context, deadline: float | None, facts: str, nonce: str) -> None:
         from airflow_provider_volcano.triggers.lock import VolcanoLockTrigger
 
-        self.log.info("Lock %r is %s; deferring until it is free", self.lock_key, facts)
+        self.log.info("Lock %r is %s; deferring until it is free (owner %s)", self.lock_key, facts, nonce)
         self.defer(
             trigger=VolcanoLockTrigger(
                 volcano_conn_id=self.volcano_conn_id,
                 lock_key=self.lock_key,
                 ttl=self.ttl,
-                identity=self._identity(context).as_dict(),
+                identity=self._identity(context, nonce).as_dict(),
                 deadline=deadline,
                 poll=self.poll_interval,
             ),
             method_name="execute_complete",
-            kwargs={"deadline": deadline},
+            kwargs={"deadline": deadline, "nonce": nonce},
         )
 
     def on_kill(self) -> None:

@@ -280,8 +280,8 @@ def _forget(loop: asyncio.AbstractEventLoop, ident: tuple[str, str, str]) -> Non
 class VolcanoLockTrigger(BaseTrigger):
     """Waits without a worker slot until a Volcano lock is free, then acquires it for its task.
 
-    It acquires with the ownership token derived from the service key and the task instance's
-    identity and try number, so nothing secret is stored in the trigger row and the resumed task
+    It acquires with the ownership token derived from the service key and the task try's identity
+    and random nonce, so nothing secret is stored in the trigger row and the resumed task
     re-acquires that same lease (same fencing token). Fires one event whose ``status`` is
     ``acquired``, ``timeout`` or ``error``; the payload holds the lock key, the fencing token,
     ``expires_at`` and a message, never a key or an ownership token.
@@ -289,7 +289,7 @@ class VolcanoLockTrigger(BaseTrigger):
     :param volcano_conn_id: the Volcano connection id.
     :param lock_key: the lock to wait for.
     :param ttl: the lease TTL in seconds (the task must resume within it to keep the lease).
-    :param identity: the task instance try (``TaskIdentity.as_dict()``).
+    :param identity: the task instance try with its nonce (``TaskIdentity.as_dict()``).
     :param deadline: give up at this wall-clock time (epoch seconds); ``None`` waits without bound.
     :param poll: seconds between reads of a held lock.
     """
@@ -338,6 +338,7 @@ class VolcanoLockTrigger(BaseTrigger):
                 # Echoed so a resumed task can defer again within the same bound, even where the
                 # deferral's method kwargs are not carried over (dag.test()).
                 "deadline": self.deadline,
+                "nonce": self.identity["nonce"],
             }
         )
 

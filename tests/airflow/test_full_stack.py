@@ -7,15 +7,15 @@ the service key nor any ownership token is in trigger rows, XCom rows, next_kwar
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from volcano_airflow_testlib import Stack, running_stack
+from volcano_airflow_testlib import Stack, owner_tokens, running_stack
 
-from airflow_provider_volcano._tokens import TaskIdentity, derive_token
 from volcano_locks.fencing import FencedTable
 
 pytestmark = pytest.mark.slow
@@ -71,18 +71,16 @@ def test_two_runs_contend_one_defers_both_succeed_nothing_secret_stored(
     assert runs[:5] == [runs[0]] * 5 and runs[5:] == [runs[5]] * 5 and runs[0] != runs[5]
     assert runs[5] in seen_deferred  # the deferred run went second, with the higher fencing token
 
-    # Nothing secret in the metadata database or the task logs.
-    secrets = {volcano_conn.service_key, volcano_conn.anon_key}
-    for dag_id, task_id, run_id, map_index, try_number in stack.query(
+    # Nothing secret in the metadata database or the task logs. The tokens are derived from the
+    # owner nonces the runs logged (public), exactly as the operator and trigger derive them.
+    rows = stack.query(
         "SELECT dag_id, task_id, run_id, map_index, try_number FROM task_instance WHERE dag_id = ?", DAG_ID
-    ):
-        for n in range(1, try_number + 1):
-            secrets.add(
-                derive_token(
-                    volcano_conn.service_key, TaskIdentity(dag_id, task_id, run_id, map_index, n), unique_key
-                )
-            )
-    assert len(secrets) == 4
+    )
+    tokens = owner_tokens(volcano_conn.service_key, unique_key, rows, stack.logs())
+    digests = {hashlib.sha256(t.encode()).hexdigest()[:12] for t in tokens}
+    seen = {r["token_sha256"] for r in volcano_conn.requests() if unique_key in r.get("path", "")}
+    assert len(seen - {None}) == 2 and seen - {None} <= digests  # two owners, both found
+    secrets = {volcano_conn.service_key, volcano_conn.anon_key, *tokens}
     stored = {
         "trigger rows": "\n".join(
             trigger_rows + [json.dumps(r, default=str) for r in stack.query("SELECT * FROM trigger")]
@@ -96,9 +94,7 @@ def test_two_runs_contend_one_defers_both_succeed_nothing_secret_stored(
         "rendered fields": json.dumps(
             stack.query("SELECT * FROM rendered_task_instance_fields"), default=str
         ),
-        "task logs": "\n".join(
-            p.read_text(errors="replace") for p in (stack.home / "logs").rglob("*") if p.is_file()
-        ),
+        "task logs": stack.logs(),
     }
     assert "volcano_lease" in stored["xcom rows"] and "fencing_token" in stored["xcom rows"]
     assert "deferring until it is free" in stored["task logs"]

@@ -8,9 +8,9 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from airflow.sdk.exceptions import AirflowSkipException, TaskDeferred
+from airflow.sdk.exceptions import AirflowException, AirflowSkipException, TaskDeferred
 
-from airflow_provider_volcano._tokens import TaskIdentity, derive_token
+from airflow_provider_volcano._tokens import TaskIdentity, derive_token, new_nonce
 from airflow_provider_volcano.operators.lock import (
     VolcanoLockContended,
     VolcanoLockLost,
@@ -127,19 +127,23 @@ def test_deferrable_wait_defers_with_primitive_trigger(volcano_conn, outside, un
     assert isinstance(deferred.trigger, VolcanoLockTrigger)
     _, kwargs = deferred.trigger.serialize()
     assert kwargs["lock_key"] == unique_key and kwargs["deadline"] > time.time()
-    assert deferred.kwargs == {"deadline": kwargs["deadline"]}
-    token = derive_token(volcano_conn.service_key, TaskIdentity("d", "t", "manual__x", -1, 1), unique_key)
+    nonce = kwargs["identity"]["nonce"]
+    assert deferred.kwargs == {"deadline": kwargs["deadline"], "nonce": nonce}
+    token = derive_token(volcano_conn.service_key, TaskIdentity.from_dict(kwargs["identity"]), unique_key)
     assert token not in repr(kwargs) and volcano_conn.service_key not in repr(kwargs)
     outside.release(unique_key, held)
 
 
 def test_execute_complete_acquired_resumes_with_the_triggers_lease(volcano_conn, outside, unique_key) -> None:
     # What the trigger does: acquire with the derived token; the task re-acquires the same lease.
-    token = derive_token(volcano_conn.service_key, TaskIdentity("d", "t", "manual__x", -1, 1), unique_key)
+    nonce = new_nonce()
+    token = derive_token(
+        volcano_conn.service_key, TaskIdentity("d", "t", "manual__x", -1, 1, nonce), unique_key
+    )
     by_trigger = outside.acquire(unique_key, 30, token=token)
     ctx = _context()
     event = {"status": "acquired", "lock_key": unique_key, "fencing_token": by_trigger.fencing_token}
-    assert _op(unique_key).execute_complete(ctx, event, deadline=None) == "done"
+    assert _op(unique_key).execute_complete(ctx, event, deadline=None, nonce=nonce) == "done"
     assert ctx["ti"].xcoms["volcano_lease"]["fencing_token"] == by_trigger.fencing_token
     assert outside.get(unique_key).held is False
 
@@ -151,10 +155,14 @@ def test_execute_complete_acquired_but_taken_meanwhile_defers_again(
     event = {"status": "acquired", "lock_key": unique_key, "fencing_token": held.fencing_token - 1}
     deadline = time.time() + 60
     with pytest.raises(TaskDeferred) as info:
-        _op(unique_key, deferrable=True).execute_complete(_context(), event, deadline=deadline)
+        _op(unique_key, deferrable=True).execute_complete(
+            _context(), event, deadline=deadline, nonce=new_nonce()
+        )
     assert info.value.trigger.serialize()[1]["deadline"] == deadline
     with pytest.raises(VolcanoLockContended, match="Timed out"):
-        _op(unique_key, deferrable=True).execute_complete(_context(), event, deadline=time.time() - 1)
+        _op(unique_key, deferrable=True).execute_complete(
+            _context(), event, deadline=time.time() - 1, nonce=new_nonce()
+        )
     outside.release(unique_key, held)
 
 
@@ -215,3 +223,46 @@ def test_on_kill_from_another_thread_releases_and_the_keeper_stops_the_callable(
         op.python_callable = work
         op.execute(_context())
     assert progress[0] == 0 and len(progress) < 150
+
+
+def test_two_executions_of_one_task_try_are_two_owners(volcano_conn, unique_key) -> None:
+    """Two deployments of one DAG share dag, task, run id (scheduled__<date>), map index and try.
+
+    Both executions below see exactly the same task instance facts and the same service key; the
+    second must still be refused while the first holds the lock (it used to derive the same token
+    and re-acquire the first one's lease idempotently: two owners, one fencing token).
+    """
+    inside, release = threading.Event(), threading.Event()
+
+    def hold() -> str:
+        inside.set()
+        assert release.wait(20)
+        return "first"
+
+    first = threading.Thread(target=lambda: _op(unique_key, hold, on_contention="skip").execute(_context()))
+    first.start()
+    try:
+        assert inside.wait(20)
+        ran = []
+        with pytest.raises(AirflowSkipException, match="fencing token"):
+            _op(unique_key, lambda: ran.append(1), on_contention="skip").execute(_context())
+        assert ran == []
+    finally:
+        release.set()
+        first.join(20)
+
+
+def test_a_resumed_try_without_its_nonce_fails_clearly(volcano_conn, unique_key) -> None:
+    event = {"status": "acquired", "lock_key": unique_key, "fencing_token": 1}
+    with pytest.raises(AirflowException, match="without this try's owner nonce"):
+        _op(unique_key).execute_complete(_context(), event, deadline=None)
+
+
+def test_tokens_differ_per_nonce_and_nonces_are_checked() -> None:
+    one, two = new_nonce(), new_nonce()
+    assert one != two
+    key = "k"
+    tokens = {derive_token(key, TaskIdentity("d", "t", "scheduled__x", -1, 1, n), "lock") for n in (one, two)}
+    assert len(tokens) == 2
+    with pytest.raises(ValueError, match="nonce must be 32 lowercase hex digits"):
+        TaskIdentity("d", "t", "r", -1, 1, "not-a-nonce")

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 
-from airflow_provider_volcano._tokens import TaskIdentity
+from airflow_provider_volcano._tokens import TaskIdentity, new_nonce
 from airflow_provider_volcano.triggers.lock import VolcanoLockTrigger, next_poll_delay
 
-IDENTITY = TaskIdentity("d", "t", "r", 3, 2).as_dict()
+IDENTITY = TaskIdentity("d", "t", "r", 3, 2, new_nonce()).as_dict()
 
 
 def _primitives_only(value: object) -> bool:
@@ -71,9 +71,11 @@ import pytest  # noqa: E402
 from airflow_provider_volcano._tokens import derive_token  # noqa: E402
 from volcano_locks import VolcanoLocks  # noqa: E402
 
+NONCE = new_nonce()
+
 
 def _trigger(key: str, n: int, **kwargs: object) -> VolcanoLockTrigger:
-    identity = TaskIdentity("d", f"t{n}", "r", -1, 1).as_dict()
+    identity = TaskIdentity("d", f"t{n}", "r", -1, 1, NONCE).as_dict()
     return VolcanoLockTrigger(
         volcano_conn_id="volcano_default", lock_key=key, ttl=10, identity=identity, **kwargs
     )  # type: ignore[arg-type]
@@ -122,7 +124,7 @@ async def test_trigger_acquires_with_the_derived_token_and_leaks_no_secret(
 ) -> None:
     trigger = _trigger(unique_key, 0, poll=0.5)
     event = await asyncio.wait_for(_first_event(trigger), 10)
-    token = derive_token(volcano_conn.service_key, TaskIdentity("d", "t0", "r", -1, 1), unique_key)
+    token = derive_token(volcano_conn.service_key, TaskIdentity("d", "t0", "r", -1, 1, NONCE), unique_key)
     # The resumed task re-acquires the very same lease with the token it derives itself.
     again = outside.acquire(unique_key, 10, token=token)
     assert again.fencing_token == event["fencing_token"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 DAGS = Path(__file__).resolve().parents[2] / "dags"
+OWNER = re.compile(r"\bowner ([0-9a-f]{32})\b")  # the operator logs its try's public owner nonce
 
 
 def airflow_bin() -> str:
@@ -34,6 +36,22 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def owner_tokens(service_key: str, lock_key: str, task_rows: Any, text: str) -> set[str]:
+    """The ownership tokens of the given task tries, from the owner nonces that ``text`` names.
+
+    :param task_rows: ``(dag_id, task_id, run_id, map_index, try_number)`` rows; every try up to
+        ``try_number`` is paired with every nonce found (a superset, for secret scans and log oracles).
+    """
+    from airflow_provider_volcano._tokens import TaskIdentity, derive_token
+
+    return {
+        derive_token(service_key, TaskIdentity(dag, task, run, int(index), n, nonce), lock_key)
+        for dag, task, run, index, tries in task_rows
+        for n in range(1, max(1, int(tries)) + 1)
+        for nonce in set(OWNER.findall(text))
+    }
 
 
 class Stack:
@@ -78,6 +96,14 @@ class Stack:
             assert time.monotonic() < deadline, "the dag processor never parsed the DAG"
             time.sleep(1)
         self.cli("dags", "unpause", dag_id)
+
+    def logs(self, run_id: str | None = None) -> str:
+        """The text of every task log file (of one run, if ``run_id`` is given)."""
+        return "\n".join(
+            path.read_text(errors="replace")
+            for path in sorted((self.home / "logs").rglob("*"))
+            if path.is_file() and (run_id is None or f"run_id={run_id}" in str(path))
+        )
 
     def alive(self) -> None:
         """Fail the test with the process's output if any Airflow process has exited."""

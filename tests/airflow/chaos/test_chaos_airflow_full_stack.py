@@ -23,9 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from volcano_airflow_testlib import Stack, running_stack, volcano_conn_json
+from volcano_airflow_testlib import Stack, owner_tokens, running_stack, volcano_conn_json
 
-from airflow_provider_volcano._tokens import TaskIdentity, derive_token
 from volcano_locks.fencing import FencedTable
 from volcano_locks.server.harness import LocalServer
 
@@ -140,14 +139,13 @@ def test_operator_never_succeeds_after_its_lock_was_lost_under_faults_and_a_serv
         if end_date:
             when = datetime.fromisoformat(str(end_date))
             ended[run_id] = (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
-        hashes = {
-            hashlib.sha256(
-                derive_token(
-                    chaos_conn.service_key, TaskIdentity(dag_id, task_id, run_id, map_index, n), unique_key
-                ).encode()
-            ).hexdigest()[:12]
-            for n in range(1, max(1, try_number) + 1)
-        }
+        tokens = owner_tokens(
+            chaos_conn.service_key,
+            unique_key,
+            [(dag_id, task_id, run_id, map_index, try_number)],
+            stack.logs(run_id),
+        )
+        hashes = {hashlib.sha256(t.encode()).hexdigest()[:12] for t in tokens}
         verdicts_by_run[run_id] = [v for h, v in all_verdicts.items() if h in hashes]
 
     # Lost: the server's log proves it, or no release ever came and the task ended after the lease lapsed.
