@@ -1,35 +1,36 @@
-"""The context variable that tells a `locked_task` body which lease it runs under."""
+"""The context variable that tells a locked body (and, under `locked_flow`, its tasks) its lease."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING
 
 from prefect_volcano.results import LeaseInfo
+from volcano_locks import OwnershipLost
 
 if TYPE_CHECKING:
-    from volcano_locks import LockLease
+    from volcano_locks import AsyncLockGuard, LockGuard, LockLease
 
-__all__ = ["current_lease"]
+__all__ = ["current_lease", "lease_scope"]
 
-# Holds a zero-argument callable returning the guard's latest lease, so that
-# current_lease() reflects renewals (expires_at moves) without copying on each one.
-_active: ContextVar[LeaseSource | None] = ContextVar("prefect_volcano_active_lease", default=None)
+# Holds the guard of the innermost locked body, so current_lease() reflects renewals (expires_at
+# moves) without copying on each one. Prefect copies the context into the threads that run
+# submitted tasks, so every task of a locked flow sees the flow's guard.
+_active: ContextVar[LockGuard | AsyncLockGuard | None] = ContextVar(
+    "prefect_volcano_active_lease", default=None
+)
 
 
-class LeaseSource:
-    """Where current_lease() reads the latest lease of the running body from."""
-
-    __slots__ = ("_guard",)
-
-    def __init__(self, guard: object) -> None:
-        self._guard = guard
-
-    def latest(self) -> LockLease:
-        lease: LockLease | None = getattr(self._guard, "lease", None)
-        if lease is None:  # the guard only yields without a lease when not acquired
-            raise RuntimeError("the lock guard holds no lease")
-        return lease
+@contextmanager
+def lease_scope(guard: LockGuard | AsyncLockGuard) -> Iterator[None]:
+    """Make `guard` the lease `current_lease()` reports for the duration of the block."""
+    reset = _active.set(guard)
+    try:
+        yield
+    finally:
+        _active.reset(reset)
 
 
 def lease_info(lease: LockLease) -> LeaseInfo:
@@ -44,15 +45,26 @@ def lease_info(lease: LockLease) -> LeaseInfo:
 
 
 def current_lease() -> LeaseInfo:
-    """Return the public facts of the lease the running `locked_task` body holds.
+    """Return the public facts of the lease the running locked body holds.
+
+    Inside a `locked_task` body that is the task's lease; inside a `locked_flow` (its body and
+    every task it runs in threads Prefect starts for it) it is the flow run's one lease.
 
     Returns:
         The lock key, fencing token, acquisition time, current expiry and TTL.
 
     Raises:
-        RuntimeError: When called outside the body of a `locked_task`.
+        RuntimeError: When called outside a locked body.
+        OwnershipLost: When the lease was lost: work that asks for its token after a loss stops.
     """
-    source = _active.get()
-    if source is None:
-        raise RuntimeError("current_lease() is only available inside the body of a locked_task")
-    return lease_info(source.latest())
+    guard = _active.get()
+    if guard is None:
+        raise RuntimeError(
+            "current_lease() is only available inside the body of a locked_task or locked_flow"
+        )
+    if guard.lost:
+        raise guard.loss or OwnershipLost("the lock's lease was lost")
+    lease = guard.lease
+    if lease is None:  # a guard only lacks a lease when it did not acquire, and then no body runs
+        raise RuntimeError("the lock guard holds no lease")
+    return lease_info(lease)

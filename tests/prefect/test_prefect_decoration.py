@@ -7,24 +7,25 @@ from typing import Any
 import pytest
 from prefect import flow, task
 
-from prefect_volcano import VolcanoCredentials, current_lease, locked_task
+from prefect_volcano import VolcanoCredentials, current_lease, locked_flow, locked_task
 from volcano_locks import InvalidRequest
+from volcano_locks.protocol import validate_key, validate_ttl
 
 
 def body(region: str, day: str = "2026-11-29") -> str:
     return region + day
 
 
-@pytest.mark.parametrize("ttl", [4, 7_776_001, -1, 0])
-def test_ttl_out_of_range(ttl: int) -> None:
-    with pytest.raises(ValueError, match=f"ttl must be between 5 and 7776000 seconds, got {ttl}"):
-        locked_task("k", ttl=ttl)
-
-
-@pytest.mark.parametrize("ttl", ["30", 30.0, True, None])
-def test_ttl_wrong_type(ttl: Any) -> None:
-    with pytest.raises(TypeError, match="ttl must be an integer"):
-        locked_task("k", ttl=ttl)
+@pytest.mark.parametrize("ttl", [4, 7_776_001, -1, 0, "30", 30.0, True, None])
+@pytest.mark.parametrize("decorator", [locked_task, locked_flow])
+def test_ttl_is_checked_by_the_core_rule(ttl: Any, decorator: Any) -> None:
+    # The same message as the core client's (one rule, one place): volcano_locks.protocol.validate_ttl.
+    with pytest.raises(InvalidRequest) as raised:
+        decorator("k", ttl=ttl)
+    with pytest.raises(InvalidRequest) as core:
+        validate_ttl(ttl)
+    assert str(raised.value) == str(core.value)
+    assert f"invalid ttl {ttl!r}: expected an integer number of seconds, 5..7776000" == str(core.value)
 
 
 def test_on_contention_choices() -> None:
@@ -40,8 +41,13 @@ def test_result_choices() -> None:
 def test_wait_timeout_rules() -> None:
     with pytest.raises(ValueError, match="wait_timeout applies only to on_contention='wait', not 'skip'"):
         locked_task("k", on_contention="skip", wait_timeout=5)
-    with pytest.raises(ValueError, match="wait_timeout must be >= 0 seconds, got -1"):
+    with pytest.raises(ValueError, match=r"wait_timeout must be finite and >= 0 seconds \(None: no bound\), got -1"):
         locked_task("k", wait_timeout=-1)
+    for unbounded in (float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="wait_timeout must be finite"):
+            locked_task("k", wait_timeout=unbounded)
+        with pytest.raises(ValueError, match="wait_timeout must be finite"):
+            locked_flow("k", wait_timeout=unbounded)
     with pytest.raises(TypeError, match="wait_timeout must be a number"):
         locked_task("k", wait_timeout="5")  # type: ignore[arg-type]
     locked_task("k", wait_timeout=0)
@@ -59,10 +65,13 @@ def test_credentials_types() -> None:
     locked_task("k", credentials=VolcanoCredentials(service_key="x"))
 
 
-@pytest.mark.parametrize("key", ["bad key", "-leading-dash", "x" * 129, ""])
+@pytest.mark.parametrize("key", ["bad key", "-leading-dash", "x" * 129, "", "abc\n"])
 def test_invalid_static_key(key: str) -> None:
-    with pytest.raises(InvalidRequest, match="is invalid"):
+    with pytest.raises(InvalidRequest) as raised:
         locked_task(key)
+    with pytest.raises(InvalidRequest) as core:
+        validate_key(key)
+    assert str(raised.value) == str(core.value) and str(raised.value).startswith("invalid lock key")
 
 
 def test_key_type() -> None:
@@ -76,7 +85,9 @@ def test_key_type() -> None:
         ("rollup:{}", "must name the task's parameters"),
         ("rollup:{0}", "must name the task's parameters"),
         ("rollup:{region", "is malformed"),
-        ("rollup/{region}", "has characters a lock key cannot hold"),
+        ("rollup/{region}", r"key template 'rollup/\{region\}' cannot make a valid lock key: invalid lock key"),
+        ("-{region}", "cannot make a valid lock key"),
+        ("{region}\n", "cannot make a valid lock key"),
     ],
 )
 def test_malformed_templates(template: str, message: str) -> None:
@@ -159,3 +170,18 @@ def test_async_functions_stay_async() -> None:
 def test_current_lease_outside_a_body() -> None:
     with pytest.raises(RuntimeError, match="only available inside the body of a locked_task"):
         current_lease()
+
+
+def test_locked_flow_refuses_tasks_and_keeps_the_flow_identity() -> None:
+    with pytest.raises(TypeError, match="not tasks; use locked_task for that"):
+        locked_flow("k")(task(body))
+    with pytest.raises(ValueError, match="'regoin'"):
+        locked_flow("nightly:{regoin}")(flow(body))
+    original = flow(body, name="nightly-body", retries=2)
+    above = locked_flow("nightly:{region}")(original)
+    below = flow(locked_flow("nightly:{region}")(body), name="nightly-body", retries=2)
+    for locked in (above, below):
+        assert locked.name == "nightly-body" and locked.retries == 2
+        assert list(locked.parameters.properties) == ["region", "day"]
+        assert locked.fn.__name__ == "body" and locked.isasync is False
+    assert above is not original and original.fn is body

@@ -1,0 +1,197 @@
+"""Holding one run's lock: the sync and async shells around one set of decisions (`Holding`).
+
+The first attempt never waits: a contention is seen (and told, with the holder's fencing token)
+before the run decides to skip, fail or wait. Only then does a waiting run enter the core's wait,
+with a reminder every minute and, where Prefect's events reach it, a wake-up on each release.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AsyncExitStack, ExitStack, asynccontextmanager, contextmanager
+from typing import Any, Literal
+
+from prefect import State
+
+from prefect_volcano._events import LockEvents
+from prefect_volcano._report import RunReport, Scope, WaitReporter, run_logger
+from prefect_volcano._spec import LockSpec
+from prefect_volcano.credentials import async_client_for, sync_client_for
+from volcano_locks import (
+    AsyncLockGuard,
+    AsyncVolcanoLocks,
+    LockContention,
+    LockGuard,
+    LockLease,
+    OwnershipLost,
+    VolcanoError,
+    VolcanoLocks,
+    WaitTimeout,
+)
+from volcano_locks.guard import AsyncLockContext, LockContext
+
+__all__ = ["Holding", "hold", "hold_async"]
+
+Guard = LockGuard | AsyncLockGuard
+
+
+class Holding:
+    """One run's attempt at its lock: what it decided, what it holds, and what it tells the user."""
+
+    def __init__(self, spec: LockSpec, key: str, scope: Scope, api_url: str, *, cancels: bool) -> None:
+        self.spec = spec
+        self.key = key
+        self.report = RunReport(key, scope, LockEvents(key, api_url), run_logger(), cancels=cancels)
+        self.guard: Guard | None = None
+        self.skipped: State[None] | None = None
+        self.lease: LockLease | None = None
+
+    def open(self, client: VolcanoLocks | AsyncVolcanoLocks, policy: Literal["raise", "wait"]) -> Any:
+        """The core's `with_lock` for this run: `"raise"` first, `"wait"` once the run decided to wait."""
+        wait_timeout = self.spec.wait_timeout if policy == "wait" else None
+        context: LockContext | AsyncLockContext = client.with_lock(
+            self.key,
+            self.spec.ttl,
+            on_contention=policy,
+            wait_timeout=wait_timeout,
+            interrupt=True,
+            on_loss=self.lost,
+        )
+        return context
+
+    def contended(self, exc: LockContention) -> bool:
+        """Decide what a contention on the first attempt means; return whether to wait.
+
+        Raises:
+            LockContention: With `on_contention="fail"`, naming the lock and the holder.
+        """
+        if isinstance(exc, OwnershipLost | WaitTimeout):
+            raise exc
+        policy = self.spec.on_contention
+        if policy == "skip":
+            self.skipped = self.report.skipped(exc.holder)
+            return False
+        if policy == "fail":
+            message = self.report.contention_message(exc, policy)
+            self.report.log.error("%s", message)
+            raise LockContention(
+                message, status=exc.status, code=exc.code, request_id=exc.request_id, holder=exc.holder
+            ) from exc
+        return True
+
+    def waiting(self, exc: LockContention) -> WaitReporter:
+        """Tell the user the run waits, and return the reporter that reminds them."""
+        reporter = WaitReporter(self.report)
+        reporter.started(exc.holder)
+        return reporter
+
+    def entered(self, guard: Guard) -> None:
+        """Record and tell that the lock is held."""
+        self.guard = guard
+        lease = guard.lease
+        if lease is not None:
+            self.report.acquired(lease)
+
+    def lost(self, exc: OwnershipLost) -> None:
+        """The keeper's loss callback (from its thread or task): tell it once."""
+        self.report.loss(exc, self.guard.lease if self.guard is not None else None)
+
+    def failed(self, exc: VolcanoError) -> None:
+        """Tell a lock error that ends the run; errors the body raised itself pass untold."""
+        if self.guard is None:
+            if isinstance(exc, WaitTimeout):
+                self.report.gave_up(exc, self.spec.wait_timeout)
+        elif isinstance(exc, OwnershipLost) and self.guard.lost:
+            self.lost(exc)
+
+    def finished(self) -> LockLease | None:
+        """After a clean exit: tell the release and return the last lease (None when skipped)."""
+        guard = self.guard
+        if guard is None:
+            return None
+        if guard.lost:  # the core raises the loss on exit; never report success after one
+            raise guard.loss or OwnershipLost(f"ownership of lock {self.key!r} was lost")
+        self.lease = guard.lease
+        if self.lease is not None:
+            self.report.released(self.lease)
+        return self.lease
+
+
+# --------------------------------------------------------------------------------------- sync shell
+
+
+@contextmanager
+def _reminding(reporter: WaitReporter) -> Iterator[None]:
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(reporter.next_in() + 0.05):
+            reporter.remind()
+
+    thread = threading.Thread(target=loop, name=f"volcano-lock-wait-log:{reporter.key}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+@contextmanager
+def hold(spec: LockSpec, key: str, scope: Scope) -> Iterator[Holding]:
+    """Hold `key` per `spec` around a sync body; `holding.guard` is None when the run skips."""
+    with sync_client_for(spec.credentials.get()) as client:
+        holding = Holding(spec, key, scope, client.api_url, cancels=False)
+        try:
+            with ExitStack() as stack:
+                try:
+                    holding.entered(stack.enter_context(holding.open(client, "raise")))
+                except LockContention as exc:
+                    if holding.contended(exc):
+                        with _reminding(holding.waiting(exc)):
+                            holding.entered(stack.enter_context(holding.open(client, "wait")))
+                yield holding
+        except VolcanoError as exc:
+            holding.failed(exc)
+            raise
+        holding.finished()
+
+
+# -------------------------------------------------------------------------------------- async shell
+
+
+@asynccontextmanager
+async def _areminding(reporter: WaitReporter) -> AsyncIterator[None]:
+    async def loop() -> None:
+        while True:
+            await asyncio.sleep(reporter.next_in() + 0.05)
+            reporter.remind()
+
+    task = asyncio.get_running_loop().create_task(loop(), name=f"volcano-lock-wait-log:{reporter.key}")
+    try:
+        yield
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+@asynccontextmanager
+async def hold_async(spec: LockSpec, key: str, scope: Scope) -> AsyncIterator[Holding]:
+    """Hold `key` per `spec` around an async body (cancelled on loss); see `hold`."""
+    async with async_client_for(await spec.credentials.aget()) as client:
+        holding = Holding(spec, key, scope, client.api_url, cancels=True)
+        try:
+            async with AsyncExitStack() as stack:
+                try:
+                    holding.entered(await stack.enter_async_context(holding.open(client, "raise")))
+                except LockContention as exc:
+                    if holding.contended(exc):
+                        async with _areminding(holding.waiting(exc)):
+                            holding.entered(await stack.enter_async_context(holding.open(client, "wait")))
+                yield holding
+        except VolcanoError as exc:
+            holding.failed(exc)
+            raise
+        holding.finished()

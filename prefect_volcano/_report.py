@@ -1,0 +1,223 @@
+"""What a locked run tells its user: log lines, events and the messages of its errors.
+
+Each fact is told once: the acquisition, a wait (at its start and about every minute after), a
+skip, a loss (at the moment the keeper reports it, whichever path sees it first), the release.
+Messages say what is true for this run: whether the body is stopped or keeps running until a
+blocking call returns, and whether Prefect will retry.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Literal
+
+from prefect import State
+from prefect.context import FlowRunContext, TaskRunContext
+from prefect.exceptions import MissingContextError
+from prefect.logging import get_run_logger
+from prefect.states import Completed
+from prefect.transactions import get_transaction
+
+from prefect_volcano._events import LockEvents
+from volcano_locks import LockContention, LockLease, LockState, OwnershipLost, WaitTimeout
+
+__all__ = ["SKIPPED_STATE_NAME", "LossReport", "RunReport", "Scope", "WaitReporter"]
+
+SKIPPED_STATE_NAME = "Skipped"
+"""The name of the Completed state a skipped task run or flow run ends in."""
+
+Log = logging.Logger | logging.LoggerAdapter[Any]
+Scope = Literal["task", "flow"]
+
+WAIT_REPORT_INTERVAL = 60.0
+"""Seconds between two "still waiting" log lines."""
+
+_fallback_logger = logging.getLogger("prefect_volcano")
+
+
+def run_logger() -> Log:
+    """The Prefect run logger when in a run (its lines reach the UI), else `prefect_volcano`."""
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return _fallback_logger
+
+
+def _subject(scope: Scope) -> str:
+    return "flow run" if scope == "flow" else "task"
+
+
+def _retries_left(scope: Scope) -> int | None:
+    """How many more attempts Prefect will make after this one fails (None: not in a run)."""
+    if scope == "task":
+        task_ctx = TaskRunContext.get()
+        if task_ctx is None:
+            return None
+        return max(0, (task_ctx.task.retries or 0) + 1 - task_ctx.task_run.run_count)
+    flow_ctx = FlowRunContext.get()
+    if flow_ctx is None or flow_ctx.flow is None or flow_ctx.flow_run is None:
+        return None
+    return max(0, (flow_ctx.flow.retries or 0) + 1 - flow_ctx.flow_run.run_count)
+
+
+def _holder_token(holder: LockState | None) -> str:
+    token = holder.fencing_token if holder is not None else None
+    return f"holder's fencing token {token}" if token else "holder unknown"
+
+
+class RunReport:
+    """Tells the user (log and events) what happens to one run's lock; one per lock attempt."""
+
+    def __init__(self, key: str, scope: Scope, events: LockEvents, log: Log, *, cancels: bool) -> None:
+        self.key = key
+        self.scope = scope
+        self.events = events
+        self.log = log
+        self.loss = LossReport(self, retries_left=_retries_left(scope), cancels=cancels)
+
+    def acquired(self, lease: LockLease) -> None:
+        """Say the lock is held, with the lease's fencing token."""
+        self.log.info(
+            "Acquired lock %r (fencing token %d, ttl %ds)", self.key, lease.fencing_token, lease.ttl
+        )
+        self.events.emit(
+            "acquired",
+            fencing_token=lease.fencing_token,
+            ttl=lease.ttl,
+            expires_at=lease.expires_at.isoformat(),
+        )
+
+    def released(self, lease: LockLease) -> None:
+        """Say the lock was released."""
+        self.log.info("Released lock %r (fencing token %d)", self.key, lease.fencing_token)
+        self.events.emit("released", fencing_token=lease.fencing_token)
+
+    def skipped(self, holder: LockState | None) -> State[None]:
+        """Say the run skips, and return the Completed state named Skipped it ends in."""
+        message = (
+            f"Skipped: lock {self.key!r} is held by another run"
+            f" ({_holder_token(holder)}; on_contention='skip')"
+        )
+        self.log.info("%s", message)
+        self.events.emit("skipped", holder_fencing_token=holder.fencing_token if holder else None)
+        txn = get_transaction()
+        if txn is not None:
+            # A skip says nothing about the inputs: never let it answer a later run from the cache.
+            txn.write_on_commit = False
+        return Completed(name=SKIPPED_STATE_NAME, message=message)
+
+    def contention_message(self, exc: LockContention, on_contention: str) -> str:
+        """The message of a contention that ends the run (on_contention='fail')."""
+        holder = exc.holder
+        by = f" (holder's fencing token {holder.fencing_token})" if holder and holder.fencing_token else ""
+        return f"lock {self.key!r} is held by another run{by} and on_contention={on_contention!r}"
+
+    def gave_up(self, exc: WaitTimeout, wait_timeout: float | None) -> None:
+        """Say the wait ran out of time."""
+        self.log.error("Gave up waiting for lock %r after %ss: %s", self.key, wait_timeout, exc)
+
+
+class LossReport:
+    """Reports one lease's loss exactly once, from whichever path learns of it first."""
+
+    def __init__(self, report: RunReport, *, retries_left: int | None, cancels: bool) -> None:
+        self._report = report
+        self._retries_left = retries_left
+        self._cancels = cancels
+        self._once = threading.Lock()
+        self._told = False
+
+    def message(self, exc: OwnershipLost) -> str:
+        """The log line for this loss: what happened, what happens to the body, and whether it retries."""
+        r = self._report
+        subject = _subject(r.scope)
+        if self._cancels:
+            stop = "the body is cancelled"
+        else:
+            stop = (
+                "the body is interrupted at its next Python instruction"
+                " (a call blocked in C code, such as a sleep or a socket read, runs until it returns)"
+            )
+        if r.scope == "flow":
+            stop += "; tasks already running in other threads run on, so fence their writes"
+        if self._retries_left is None:
+            retry = ""
+        elif self._retries_left == 0:
+            retry = "; no retries are left"
+        else:
+            retry = f"; Prefect may retry it ({self._retries_left} left), and a retry takes a new lease"
+        return f"Lost ownership of lock {r.key!r} ({exc}); {stop} and the {subject} fails{retry}"
+
+    def __call__(self, exc: OwnershipLost, lease: LockLease | None = None) -> None:
+        """Log and emit the loss, once."""
+        with self._once:
+            if self._told:
+                return
+            self._told = True
+        r = self._report
+        r.log.error("%s", self.message(exc))
+        r.events.emit(
+            "lost",
+            fencing_token=lease.fencing_token if lease is not None else None,
+            reason=str(exc),
+            code=exc.code,
+        )
+
+
+class WaitReporter:
+    """Logs that a run waits for a lock when it starts and about every minute after.
+
+    Args:
+        report: The run's report (its log, key and events).
+        clock: Monotonic seconds; injected by tests.
+        interval: Seconds between reminders.
+    """
+
+    def __init__(
+        self,
+        report: RunReport,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        interval: float = WAIT_REPORT_INTERVAL,
+    ) -> None:
+        self._report = report
+        self._clock = clock
+        self._interval = interval
+        self._started = 0.0
+        self._last = 0.0
+        self.holder: LockState | None = None
+
+    @property
+    def key(self) -> str:
+        """The lock waited for."""
+        return self._report.key
+
+    def started(self, holder: LockState | None) -> None:
+        """Say the run starts to wait, naming the holder's fencing token when known."""
+        self._started = self._last = self._clock()
+        self.holder = holder
+        r = self._report
+        r.log.info("Waiting for lock %r (%s)", r.key, _holder_token(holder))
+        r.events.emit("waiting", holder_fencing_token=holder.fencing_token if holder else None)
+
+    def next_in(self) -> float:
+        """Seconds until the next reminder is due."""
+        return max(0.0, self._last + self._interval - self._clock())
+
+    def remind(self) -> bool:
+        """Log a reminder if one is due; return whether it did."""
+        now = self._clock()
+        if now - self._last < self._interval:
+            return False
+        self._last = now
+        r = self._report
+        r.log.info(
+            "Still waiting for lock %r after %.0f s (%s when last seen)",
+            r.key,
+            now - self._started,
+            _holder_token(self.holder),
+        )
+        return True

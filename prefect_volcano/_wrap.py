@@ -1,0 +1,143 @@
+"""Wrapping a task's or a flow's function so that every run of it holds the lock around the body.
+
+The wrapper replaces the function (above or below `@task`/`@flow`), so everything Prefect does
+around the function (retries, caching, `.submit()`, `.map()`, timeouts) keeps working and every
+attempt runs the body inside its own lease.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar, cast, overload
+
+from prefect import State
+from prefect.context import FlowRunContext, TaskRunContext
+from prefect.flows import Flow
+from prefect.tasks import Task
+
+from prefect_volcano._context import lease_info, lease_scope
+from prefect_volcano._hold import Holding, hold, hold_async
+from prefect_volcano._report import Scope
+from prefect_volcano._spec import LockSpec, check_template_against, render_key
+from prefect_volcano.results import LockedResult
+
+__all__ = ["Decorator"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+P = TypeVar("P", bound=Task[Any, Any] | Flow[Any, Any])
+
+
+class Decorator:
+    """Applies one checked lock spec to a task (`locked_task`) or a flow (`locked_flow`) or a function."""
+
+    __slots__ = ("_scope", "_spec")
+
+    def __init__(self, spec: LockSpec, scope: Scope) -> None:
+        self._spec = spec
+        self._scope = scope
+
+    @overload
+    def __call__(self, obj: P) -> P: ...
+
+    @overload
+    def __call__(self, obj: F) -> F: ...
+
+    def __call__(self, obj: Any) -> Any:
+        other = Flow if self._scope == "task" else Task
+        if isinstance(obj, other):
+            raise TypeError(
+                f"locked_{self._scope} decorates {self._scope}s or functions, not {other.__name__.lower()}s;"
+                f" use locked_{'flow' if self._scope == 'task' else 'task'} for that"
+            )
+        if isinstance(obj, Task | Flow):
+            return _lock_object(obj, self._spec, self._scope)
+        if callable(obj):
+            return _lock_function(obj, self._spec, self._scope)
+        raise TypeError(
+            f"locked_{self._scope} expects a {self._scope} or a function, got {type(obj).__name__}"
+        )
+
+
+def _lock_object(obj: P, spec: LockSpec, scope: Scope) -> P:
+    """Return a copy of the task or flow whose function runs under the lock; every option is kept."""
+    wrapped = _lock_function(obj.fn, spec, scope)
+    # A copy, not with_options(): it keeps subclasses (asset tasks) and every option as set.
+    locked = copy.copy(obj)
+    if isinstance(locked, Task):
+        locked.tags = set(locked.tags)  # the copy must not share mutable options with the original
+    locked.fn = wrapped
+    locked.__wrapped__ = wrapped  # type: ignore[union-attr]
+    return locked
+
+
+def _lock_function(fn: Callable[..., Any], spec: LockSpec, scope: Scope) -> Callable[..., Any]:
+    if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+        raise TypeError(f"locked_{scope} cannot lock generator function {fn.__qualname__!r}")
+    signature = inspect.signature(fn)
+    check_template_against(spec.key, signature, fn)
+
+    if inspect.iscoroutinefunction(fn):
+        async_fn = cast(Callable[..., Awaitable[Any]], fn)
+
+        @functools.wraps(fn)
+        async def async_locked(*args: Any, **kwargs: Any) -> Any:
+            key = render_key(spec.key, signature, args, kwargs)
+            value: Any = None
+            async with hold_async(spec, key, scope) as holding:
+                if holding.guard is not None:
+                    with lease_scope(holding.guard):
+                        value = await async_fn(*args, **kwargs)
+            return _outcome(holding, value, async_locked)
+
+        wrapper: Callable[..., Any] = async_locked
+    else:
+
+        @functools.wraps(fn)
+        def sync_locked(*args: Any, **kwargs: Any) -> Any:
+            key = render_key(spec.key, signature, args, kwargs)
+            value: Any = None
+            with hold(spec, key, scope) as holding:
+                if holding.guard is not None:
+                    with lease_scope(holding.guard):
+                        value = fn(*args, **kwargs)
+            return _outcome(holding, value, sync_locked)
+
+        wrapper = sync_locked
+    # Prefect derives the task key and the cache's source hash from the user's function.
+    wrapper.__prefect_task_source__ = fn  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _in_own_run(holding: Holding, wrapper: Callable[..., Any]) -> bool:
+    """Whether this call is the body of its own task or flow run (not a plain call of the function)."""
+    if holding.report.scope == "task":
+        task_ctx = TaskRunContext.get()
+        return task_ctx is not None and task_ctx.task.fn is wrapper
+    flow_ctx = FlowRunContext.get()
+    return flow_ctx is not None and flow_ctx.flow is not None and flow_ctx.flow.fn is wrapper
+
+
+def _outcome(holding: Holding, value: Any, wrapper: Callable[..., Any]) -> Any:
+    """What the wrapped function returns: the value (or a `LockedResult`), or, when skipped, see below.
+
+    A skipped run's body never ran, so there is no value: inside its own task or flow run the
+    wrapper returns the Completed state named Skipped (Prefect makes it the run's final state,
+    and a call without `return_state=True` gets None from it); called as a plain function it
+    returns None. Either way the caller's value is None.
+    """
+    if holding.skipped is not None:
+        return holding.skipped if _in_own_run(holding, wrapper) else None
+    lease = holding.lease
+    if holding.spec.result == "locked_result" and lease is not None and not isinstance(value, State):
+        info = lease_info(lease)
+        return LockedResult(
+            value=value,
+            lock_key=info.lock_key,
+            fencing_token=info.fencing_token,
+            acquired_at=info.acquired_at,
+            expires_at=info.expires_at,
+        )
+    return value
