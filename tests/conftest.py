@@ -6,12 +6,12 @@ import os
 import re
 import uuid
 from collections.abc import Iterator
+from contextlib import ExitStack
 
+import pg_select
 import pytest
 
 from volcano_locks.server.harness import LocalServer
-
-PG_DSN_DEFAULT = "postgresql://postgres@127.0.0.1:5432/test"
 
 
 @pytest.fixture(scope="session")
@@ -44,21 +44,27 @@ def unique_key(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture(scope="session")
-def pg_dsn() -> str:
-    """DSN of the test PostgreSQL ($VOLCANO_TEST_PG_DSN or 127.0.0.1:5432/test).
+def pg_dsn() -> Iterator[str]:
+    """DSN of the test PostgreSQL, chosen by `pg_select.choose` (no query string: append ``?...``).
 
-    Skips when unreachable, unless VOLCANO_TEST_REQUIRE_POSTGRES=1 (then the test fails). Use your own
+    $VOLCANO_TEST_POSTGRES_DSN (or the older $VOLCANO_TEST_PG_DSN), else 127.0.0.1:5432/test, else a
+    testcontainers PostgreSQL for the session where a Docker engine is reachable. Skips with the reason
+    when none is usable, unless VOLCANO_TEST_REQUIRE_POSTGRES=1 (then the test fails). Use your own
     schema/table names; the server takes `?schema=NAME` on the DSN.
     """
-    dsn = os.environ.get("VOLCANO_TEST_PG_DSN", PG_DSN_DEFAULT)
-    try:
-        import psycopg
-
-        with psycopg.connect(dsn, connect_timeout=3) as conn:
-            conn.execute("SELECT 1")
-    except Exception as exc:
-        message = f"PostgreSQL not reachable at {dsn.split('@')[-1]}: {type(exc).__name__}: {exc}"
-        if os.environ.get("VOLCANO_TEST_REQUIRE_POSTGRES") == "1":
-            pytest.fail(message + " (VOLCANO_TEST_REQUIRE_POSTGRES=1)")
-        pytest.skip(message)
-    return dsn
+    choice = pg_select.choose(os.environ, pg_select.local_probe, pg_select.docker_probe)
+    if choice.source is pg_select.Source.NONE:
+        pg_select.unavailable(choice.reason, choice.required)
+    if choice.dsn is not None:
+        # The local probe has just connected; a DSN from the environment has not been tried yet.
+        if choice.source is pg_select.Source.ENV and (problem := pg_select.connect_problem(choice.dsn)):
+            pg_select.unavailable(f"{choice.reason}, but it does not answer: {problem}", choice.required)
+        yield choice.dsn
+        return
+    with ExitStack() as stack:
+        try:
+            dsn = stack.enter_context(pg_select.postgres_container())
+        except Exception as exc:
+            message = f"{choice.reason}, but the container did not start: {type(exc).__name__}: {exc}"
+            pg_select.unavailable(message, choice.required)
+        yield dsn
