@@ -41,7 +41,23 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="fault injection rules, e.g. 'status=503:rate=0.1,delay=0.5-2:rate=0.05,drop:rate=0.05' "
         "(see volcano_locks.server.faults)",
     )
-    p.add_argument("--admin", action="store_true", help="enable /__admin/faults and /__admin/requests")
+    p.add_argument(
+        "--admin",
+        action="store_true",
+        help="enable /__admin/faults and /__admin/requests (they need the printed full-access service key)",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=128,
+        help="client connections served at once; at the cap idle and slow ones make room (default 128)",
+    )
+    p.add_argument(
+        "--request-timeout",
+        type=float,
+        default=10.0,
+        help="seconds a client has to send a whole request, head and body (default 10)",
+    )
     p.add_argument(
         "--no-request-log", dest="log_requests", action="store_false", help="do not log one line per request"
     )
@@ -51,10 +67,12 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def _cmd_serve(args: argparse.Namespace) -> int:
     from .server.errors import StoreUnavailable
     from .server.faults import parse_faults
+    from .server.http11 import Limits
     from .server.runner import ServeConfig, serve
 
     try:
         parse_faults(args.faults)
+        limits = Limits(max_connections=args.max_connections, request_timeout=args.request_timeout)
     except ValueError as exc:
         print(f"volcano-locks serve: {exc}", file=sys.stderr)
         return 2
@@ -70,6 +88,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         faults=args.faults,
         admin=args.admin,
         log_requests=args.log_requests,
+        limits=limits,
     )
     try:
         return serve(config)
@@ -104,7 +123,7 @@ def _add_keys(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _cmd_keys(args: argparse.Namespace) -> int:
     from .server.auth import mint_key
-    from .server.runner import SECRET_ENV, default_db_path, secret_path_for
+    from .server.runner import SECRET_ENV, default_db_path, read_kept_secret, secret_path_for
 
     secret = args.secret or os.environ.get(SECRET_ENV)
     if secret is None:
@@ -115,7 +134,11 @@ def _cmd_keys(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
-        secret = path.read_text(encoding="utf-8").strip()
+        try:
+            secret = read_kept_secret(path)
+        except ValueError as exc:
+            print(f"volcano-locks keys: {exc}", file=sys.stderr)
+            return 2
     permissions = None
     if args.permissions is not None:
         permissions = [p.strip() for p in args.permissions.split(",") if p.strip()]

@@ -132,7 +132,8 @@ def test_delay_and_injected_429(srv: InProcessServer, raw: Raw) -> None:
 def test_admin_endpoints(srv: InProcessServer, raw: Raw) -> None:
     srv.set_faults("status=503:rate=0.5")
     assert srv.faults() == "status=503:rate=0.5"
-    r = httpx.put(srv.url + "/__admin/faults", json={"faults": "explode"})
+    admin = {"Authorization": f"Bearer {srv.service_key}"}
+    r = httpx.put(srv.url + "/__admin/faults", json={"faults": "explode"}, headers=admin)
     assert r.status_code == 400 and r.json()["code"] == "invalid_faults" and "explode" in r.json()["error"]
     assert srv.faults() == "status=503:rate=0.5"  # a bad spec keeps the old rules
     srv.set_faults(None)
@@ -141,7 +142,7 @@ def test_admin_endpoints(srv: InProcessServer, raw: Raw) -> None:
     assert srv.requests()
     srv.clear_requests()
     assert srv.requests() == []
-    assert httpx.post(srv.url + "/__admin/faults").status_code == 405
+    assert httpx.post(srv.url + "/__admin/faults", headers=admin).status_code == 405
 
 
 def test_admin_is_off_unless_asked() -> None:

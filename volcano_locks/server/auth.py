@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -100,12 +101,13 @@ class Authenticator:
         now = self._clock()
         exp = claims.get("exp")
         if exp is not None:
-            if isinstance(exp, bool) or not isinstance(exp, int | float):
-                raise _unauthorized("invalid key (exp claim is not a number)")
+            # JSON numbers such as 1e400 parse as infinity: a key that never expires is not a valid key.
+            if not _is_finite_number(exp):
+                raise _unauthorized("invalid key (exp claim is not a finite number)")
             if now >= exp:
                 raise _unauthorized("key expired")
         nbf = claims.get("nbf")
-        if nbf is not None and (isinstance(nbf, bool) or not isinstance(nbf, int | float) or now < nbf):
+        if nbf is not None and (not _is_finite_number(nbf) or now < nbf):
             raise _unauthorized("key not yet valid (nbf)")
         project = claims.get("project_id")
         if not isinstance(project, str) or not project:
@@ -124,3 +126,18 @@ class Authenticator:
             if "locks.manage" not in permissions and "*" not in permissions:
                 raise ApiError(403, "forbidden", "this service key lacks the 'locks.manage' permission")
         return Principal(project=project, role=role)
+
+    def authenticate_admin(self, authorization: str | None) -> Principal:
+        """Principal of a full-access service key (no `permissions` claim, or `*`), else 401/403."""
+        principal = self.authenticate(authorization)
+        token = authorization.strip().partition(" ")[2].strip() if authorization else ""
+        permissions = self._verified(token).get("permissions")
+        if permissions is not None and "*" not in permissions:
+            raise ApiError(403, "forbidden", "the admin endpoints need a full-access service key")
+        return principal
+
+
+def _is_finite_number(value: object) -> bool:
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))

@@ -17,10 +17,13 @@ import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from .auth import check_secret, mint_key
 from .clock import Clock, system_clock
+
+if TYPE_CHECKING:
+    from .http11 import Limits
 
 __all__ = ["InProcessServer", "LocalServer"]
 
@@ -28,7 +31,7 @@ _DEFAULT_PROJECT = "local"
 
 
 class _ServerBase:
-    """What both harnesses share: keys, env, and the admin endpoints."""
+    """What both harnesses share: keys, env, and the admin endpoints (called with the service key)."""
 
     project: str = _DEFAULT_PROJECT
 
@@ -98,6 +101,7 @@ class _ServerBase:
     def _admin(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(self.url + path, data=data, method=method)
+        req.add_header("Authorization", f"Bearer {self.service_key}")
         if data is not None:
             req.add_header("Content-Type", "application/json")
         try:
@@ -147,9 +151,14 @@ class LocalServer(_ServerBase):
         log_requests: bool = True,
         startup_timeout: float = 15.0,
         env: dict[str, str] | None = None,
+        serve_args: Sequence[str] = (),
     ) -> None:
-        """Configure (not start) a server; db None means a fresh SQLite file in a private temp dir."""
+        """Configure (not start) a server; db None means a fresh SQLite file in a private temp dir.
+
+        `serve_args` are appended to the `volcano-locks serve` command line (e.g. `--max-connections`).
+        """
         super().__init__(db, secret, quota, faults, admin, port, host, log_requests)
+        self.serve_args = list(serve_args)
         self.python = python
         self.startup_timeout = startup_timeout
         self.extra_env = dict(env or {})
@@ -179,6 +188,7 @@ class LocalServer(_ServerBase):
             cmd.append("--admin")
         if not self.log_requests:
             cmd.append("--no-request-log")
+        cmd += self.serve_args
         env = {
             **os.environ,
             **self.extra_env,
@@ -273,18 +283,20 @@ class InProcessServer(_ServerBase):
         *,
         clock: Clock = system_clock,
         log_requests: bool = False,
+        limits: Limits | None = None,
     ) -> None:
         """Configure (not start) a server; db None means a fresh SQLite file in a private temp dir."""
         from .store import LockStore
 
         super().__init__(db, secret, quota, faults, admin, port, host, log_requests)
         self.clock = clock
+        self.limits = limits
         self._store: LockStore | None = None
         self._httpd: Any = None
 
     def start(self) -> Self:
         """Bind and serve on a daemon thread; return self."""
-        from .app import build_server, serve_in_thread
+        from .http11 import build_server, serve_in_thread
         from .runner import build_app
         from .store import open_store
 
@@ -298,7 +310,7 @@ class InProcessServer(_ServerBase):
             clock=self.clock,
             log_requests=self.log_requests,
         )
-        self._httpd = build_server(self.host, self.port, app)
+        self._httpd = build_server(self.host, self.port, app, self.limits)
         self.url = self._httpd.url
         self.port = self._httpd.server_address[1]
         serve_in_thread(self._httpd)

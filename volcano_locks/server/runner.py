@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import secrets
 import signal
+import stat
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import TextIO
 
-from .app import LockApp, LockHTTPServer, build_server, serve_in_thread
+from .app import LockApp
 from .auth import Authenticator, check_secret, mint_key
 from .clock import Clock, system_clock
 from .faults import FaultInjector
+from .http11 import Limits, LockHTTPServer, build_server, serve_in_thread
 from .quota import QuotaLimiter
 from .service import LockService
 from .store import LockStore, open_store
@@ -28,6 +31,7 @@ __all__ = [
     "build_app",
     "default_db_path",
     "load_or_create_secret",
+    "read_kept_secret",
     "serve",
 ]
 
@@ -59,11 +63,30 @@ def secret_path_for(db: str) -> Path:
     return Path(db + ".secret")
 
 
+def read_kept_secret(path: Path) -> str:
+    """Read the secret kept at `path`, refusing a file another user owns or others may read.
+
+    Raises:
+        ValueError: the file is not ours, is group/world readable or writable, or holds a short secret.
+    """
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    with os.fdopen(fd, "r", encoding="utf-8") as fh:
+        st = os.fstat(fh.fileno())
+        if hasattr(os, "getuid") and st.st_uid != os.getuid():
+            raise ValueError(f"refusing the secret file {path}: owned by uid {st.st_uid}, not by this user")
+        if st.st_mode & 0o077:
+            raise ValueError(
+                f"refusing the secret file {path}: mode {stat.filemode(st.st_mode)} lets others read or"
+                f" change it; run chmod 600 {path} if you trust its content, or delete it"
+            )
+        return check_secret(fh.read().strip())
+
+
 def load_or_create_secret(path: Path) -> str:
-    """Read the secret kept at `path`, or generate one and keep it there with mode 0600."""
-    if path.exists():
-        return check_secret(path.read_text(encoding="utf-8").strip())
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Read the secret kept at `path` (see `read_kept_secret`), or generate one there with mode 0600."""
+    if path.exists() or path.is_symlink():
+        return read_kept_secret(path)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     secret = secrets.token_urlsafe(48)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
@@ -83,6 +106,7 @@ class ServeConfig:
     faults: str | None = None
     admin: bool = False
     log_requests: bool = True
+    limits: Limits = field(default_factory=Limits)
 
 
 def build_app(
@@ -124,7 +148,13 @@ def serve(config: ServeConfig, out: TextIO = sys.stdout) -> int:
             admin=config.admin,
             log_requests=config.log_requests,
         )
-        httpd = build_server(config.host, config.port, app)
+        httpd = build_server(config.host, config.port, app, config.limits)
+        if config.admin and not _is_loopback(config.host):
+            log.warning(
+                "--admin on %s, which is not a loopback address: anyone who can reach it and holds a"
+                " full-access service key can inject faults and read the request log",
+                config.host,
+            )
         stop = threading.Event()
 
         def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -138,7 +168,11 @@ def serve(config: ServeConfig, out: TextIO = sys.stdout) -> int:
         if config.faults:
             print(f"fault injection ON: {config.faults}", file=out)
         if config.admin:
-            print("admin endpoints ON: /__admin/faults, /__admin/requests", file=out)
+            print(
+                "admin endpoints ON: /__admin/faults, /__admin/requests"
+                " (Authorization: Bearer $VOLCANO_SERVICE_KEY)",
+                file=out,
+            )
         print(f"VOLCANO_API_URL={httpd.url}", file=out)
         print(f"VOLCANO_ANON_KEY={mint_key(secret, 'local', 'anon')}", file=out)
         print(f"VOLCANO_SERVICE_KEY={mint_key(secret, 'local', 'service')}", file=out)
@@ -160,3 +194,12 @@ def serve(config: ServeConfig, out: TextIO = sys.stdout) -> int:
         if httpd is not None:
             httpd.server_close()
         store.close()
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

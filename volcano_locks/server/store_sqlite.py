@@ -1,5 +1,7 @@
 """SQLite lock store and quota counter: one WAL-mode file, each change one transaction (multi-process safe).
 
+A new database file is created with mode 0600 (its -wal and -shm files follow), in a 0700 directory.
+
 The quota is counted in the file too (one upsert per request, no fsync in WAL mode with
 synchronous=NORMAL), so server processes sharing a file share the quota as they share the locks.
 """
@@ -47,8 +49,11 @@ class SqliteStore:
     def __init__(self, path: str) -> None:
         """Open (and create if needed) the database file at `path`."""
         parent = os.path.dirname(os.path.abspath(path))
-        os.makedirs(parent, exist_ok=True)
+        os.makedirs(parent, mode=0o700, exist_ok=True)
         self.path = path
+        # Create the file private to its owner; SQLite gives its -wal and -shm files the same mode.
+        with contextlib.suppress(FileExistsError):
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         # One connection serialised by a lock: SQLite allows one writer anyway, and BEGIN IMMEDIATE
         # plus busy_timeout serialises writers from other processes on the same file.
         self._lock = threading.Lock()
