@@ -1,9 +1,12 @@
-"""PostgreSQL connections for the server: a small pool in which every database interaction is bounded.
+"""PostgreSQL connections for the server: a bounded pool in which every database interaction is bounded.
 
 A PostgreSQL that hangs (accepts TCP but never answers, or keeps a row locked) must not hang lock
-requests: they fail closed with 503 `unavailable` instead. Every bound is `timeout` seconds, set with
-`?timeout=S` on the DSN (default 3; the client's own default timeout is 10 s):
+requests, and a burst of requests must not take every connection the database has: they fail closed
+with 503 `unavailable` instead. The pool is psycopg_pool's, holding at most `?pool_size=N` connections
+(default 10, open or being opened); every other bound is `timeout` seconds, set with `?timeout=S` on the
+DSN (default 3; the client's own default timeout is 10 s):
 
+- getting a connection from the pool (all busy, or none can be opened): the pool's wait timeout;
 - connecting: libpq's `connect_timeout` (psycopg makes it at least 2 s);
 - in the database: `statement_timeout` and `lock_timeout` end a slow statement or a long row-lock wait
   with an error, and `idle_in_transaction_session_timeout` frees the row locks of a session whose
@@ -30,16 +33,19 @@ from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg_pool import ConnectionPool, PoolTimeout
 
 from .errors import StoreUnavailable
 
-__all__ = ["DEFAULT_SCHEMA", "DEFAULT_TIMEOUT", "PgPool", "PgSettings", "parse_dsn"]
+__all__ = ["DEFAULT_POOL_SIZE", "DEFAULT_SCHEMA", "DEFAULT_TIMEOUT", "PgPool", "PgSettings", "parse_dsn"]
 
 DEFAULT_SCHEMA = "volcano_locks"
 DEFAULT_TIMEOUT = 3.0
 """Seconds any one database interaction may take before the request fails closed (DSN `?timeout=`)."""
+DEFAULT_POOL_SIZE = 10
+"""Most PostgreSQL connections one server process holds (DSN `?pool_size=`)."""
+_MAX_POOL_SIZE = 100
 
-_MAX_IDLE = 16
 # How much longer than the database-side timeouts the watchdog waits before cutting a session: long
 # enough for a timeout error to arrive from a live but slow server, so its connection stays usable.
 _WATCHDOG_GRACE = 1.0
@@ -51,18 +57,20 @@ Connection = psycopg.Connection[tuple[object, ...]]
 
 @dataclass(frozen=True, slots=True)
 class PgSettings:
-    """What `parse_dsn` takes out of a server DSN: the libpq DSN, our schema and the time bound."""
+    """What `parse_dsn` takes out of a server DSN: the libpq DSN, our schema, time bound and pool size."""
 
     dsn: str
     schema: str
     timeout: float
+    pool_size: int = DEFAULT_POOL_SIZE
 
 
 def parse_dsn(dsn: str) -> PgSettings:
-    """Split our own `schema=` and `timeout=` query parameters off a `postgresql://` DSN."""
+    """Split our own `schema=`, `timeout=` and `pool_size=` query parameters off a `postgresql://` DSN."""
     parts = urlsplit(dsn)
     schema = DEFAULT_SCHEMA
     timeout = DEFAULT_TIMEOUT
+    pool_size = DEFAULT_POOL_SIZE
     rest = []
     for name, value in parse_qsl(parts.query, keep_blank_values=True):
         if name == "schema":
@@ -74,13 +82,19 @@ def parse_dsn(dsn: str) -> PgSettings:
                 raise ValueError(f"timeout= in the PostgreSQL DSN must be seconds, got {value!r}") from None
             if not 0 < timeout <= 3600:
                 raise ValueError(f"timeout= in the PostgreSQL DSN must be 0 < S <= 3600, got {value!r}")
+        elif name == "pool_size":
+            if not value.isdigit() or not 1 <= int(value) <= _MAX_POOL_SIZE:
+                raise ValueError(
+                    f"pool_size= in the PostgreSQL DSN must be 1-{_MAX_POOL_SIZE}, got {value!r}"
+                )
+            pool_size = int(value)
         else:
             rest.append((name, value))
     if not schema:
         raise ValueError("empty schema= in the PostgreSQL DSN")
     # libpq decodes %20 but not '+' in URIs, so spaces (as in options=-c ...) are quoted as %20.
     query = urlencode(rest, quote_via=quote)
-    return PgSettings(urlunsplit(parts._replace(query=query)), schema, timeout)
+    return PgSettings(urlunsplit(parts._replace(query=query)), schema, timeout, pool_size)
 
 
 class _Watch:
@@ -143,17 +157,28 @@ class _Watchdog:
 
 
 class PgPool:
-    """A small pool of autocommit connections, one per in-flight request, every use time-bounded."""
+    """A psycopg_pool of at most `pool_size` autocommit connections, every use time-bounded."""
 
     def __init__(self, dsn: str) -> None:
-        """Prepare (not open) connections for a server DSN (see `parse_dsn`)."""
+        """Prepare connections for a server DSN (see `parse_dsn`); none is opened until one is needed."""
         settings = parse_dsn(dsn)
         self.schema = settings.schema
         self.timeout = settings.timeout
-        self._conninfo = self._bounded(settings)
-        self._idle: list[Connection] = []
-        self._lock = threading.Lock()
+        self.size = settings.pool_size
         self._watchdog = _Watchdog(tick=min(0.25, self.timeout / 4))
+        self._pool: ConnectionPool[Connection] = ConnectionPool(
+            self._bounded(settings),
+            kwargs={"autocommit": True},
+            min_size=0,
+            max_size=self.size,
+            timeout=self.timeout,
+            # Give up on a failed connection attempt at once (after one immediate retry) instead of
+            # retrying in the background for minutes: the next request asks again, and until then
+            # requests wait at most `timeout` and get a 503.
+            reconnect_timeout=0,
+            name="volcano-locks",
+            open=True,
+        )
 
     @staticmethod
     def _bounded(settings: PgSettings) -> str:
@@ -166,30 +191,30 @@ class PgPool:
         params.setdefault("connect_timeout", max(2, math.ceil(settings.timeout)))
         return make_conninfo("", **params)
 
-    def _connect(self) -> Connection:
-        try:
-            return psycopg.connect(self._conninfo, autocommit=True)
-        except psycopg.Error as exc:
-            raise StoreUnavailable(f"cannot connect to PostgreSQL: {type(exc).__name__}") from exc
+    def open_connections(self) -> int:
+        """How many connections the pool holds now (in use, idle or being opened)."""
+        return self._pool.get_stats()["pool_size"]
 
     def _borrow(self) -> Connection:
-        with self._lock:
-            if self._idle:
-                return self._idle.pop()
-        return self._connect()
+        try:
+            return self._pool.getconn(timeout=self.timeout)
+        except PoolTimeout as exc:
+            stats = self._pool.get_stats()
+            if stats["pool_size"] >= self.size and stats["pool_available"] == 0:
+                raise StoreUnavailable(
+                    f"all {self.size} PostgreSQL connections stayed busy for {self.timeout:g} s"
+                ) from exc
+            raise StoreUnavailable(f"cannot connect to PostgreSQL within {self.timeout:g} s") from exc
 
     def _release(self, conn: Connection, *, reusable: bool) -> None:
-        if (
+        if not (
             reusable
             and not conn.closed
             and not conn.broken
             and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
         ):
-            with self._lock:
-                if len(self._idle) < _MAX_IDLE:
-                    self._idle.append(conn)
-                    return
-        conn.close()
+            conn.close()  # the pool then replaces it when it is next needed
+        self._pool.putconn(conn)
 
     @contextlib.contextmanager
     def session(self) -> Iterator[Connection]:
@@ -218,7 +243,4 @@ class PgPool:
     def close(self) -> None:
         """Close every pooled connection and stop the watchdog."""
         self._watchdog.stop()
-        with self._lock:
-            idle, self._idle = self._idle, []
-        for conn in idle:
-            conn.close()
+        self._pool.close(timeout=5)
