@@ -25,6 +25,7 @@ from volcano_locks import (
     LockContention,
     LockGuard,
     LockLease,
+    LockState,
     OwnershipLost,
     VolcanoError,
     VolcanoLocks,
@@ -81,10 +82,10 @@ class Holding:
             ) from exc
         return True
 
-    def waiting(self, exc: LockContention) -> WaitReporter:
-        """Tell the user the run waits, and return the reporter that reminds them."""
+    def waiting(self, holder: LockState | None) -> WaitReporter:
+        """Tell the user the run waits (naming the holder's fencing token), and return the reminder."""
         reporter = WaitReporter(self.report)
-        reporter.started(exc.holder)
+        reporter.started(holder)
         return reporter
 
     def entered(self, guard: Guard) -> None:
@@ -122,6 +123,14 @@ class Holding:
 # --------------------------------------------------------------------------------------- sync shell
 
 
+def _peek(client: VolcanoLocks, key: str) -> LockState | None:
+    # A 409 need not name the holder; one read does, once per wait, so the user learns who holds it.
+    try:
+        return client.get(key)
+    except VolcanoError:
+        return None
+
+
 @contextmanager
 def _reminding(reporter: WaitReporter) -> Iterator[None]:
     stop = threading.Event()
@@ -150,7 +159,7 @@ def hold(spec: LockSpec, key: str, scope: Scope) -> Iterator[Holding]:
                     holding.entered(stack.enter_context(holding.open(client, "raise")))
                 except LockContention as exc:
                     if holding.contended(exc):
-                        with _reminding(holding.waiting(exc)):
+                        with _reminding(holding.waiting(exc.holder or _peek(client, key))):
                             holding.entered(stack.enter_context(holding.open(client, "wait")))
                 yield holding
         except VolcanoError as exc:
@@ -160,6 +169,13 @@ def hold(spec: LockSpec, key: str, scope: Scope) -> Iterator[Holding]:
 
 
 # -------------------------------------------------------------------------------------- async shell
+
+
+async def _apeek(client: AsyncVolcanoLocks, key: str) -> LockState | None:
+    try:
+        return await client.get(key)
+    except VolcanoError:
+        return None
 
 
 @asynccontextmanager
@@ -188,7 +204,7 @@ async def hold_async(spec: LockSpec, key: str, scope: Scope) -> AsyncIterator[Ho
                     holding.entered(await stack.enter_async_context(holding.open(client, "raise")))
                 except LockContention as exc:
                     if holding.contended(exc):
-                        async with _areminding(holding.waiting(exc)):
+                        async with _areminding(holding.waiting(exc.holder or await _apeek(client, key))):
                             holding.entered(await stack.enter_async_context(holding.open(client, "wait")))
                 yield holding
         except VolcanoError as exc:

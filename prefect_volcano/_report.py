@@ -63,9 +63,10 @@ def _retries_left(scope: Scope) -> int | None:
     return max(0, (flow_ctx.flow.retries or 0) + 1 - flow_ctx.flow_run.run_count)
 
 
-def _holder_token(holder: LockState | None) -> str:
+def _by_holder(holder: LockState | None) -> str:
+    """`" (holder's fencing token N)"` when the holder is known, else nothing."""
     token = holder.fencing_token if holder is not None else None
-    return f"holder's fencing token {token}" if token else "holder unknown"
+    return f" (holder's fencing token {token})" if token else ""
 
 
 class RunReport:
@@ -98,8 +99,7 @@ class RunReport:
     def skipped(self, holder: LockState | None) -> State[None]:
         """Say the run skips, and return the Completed state named Skipped it ends in."""
         message = (
-            f"Skipped: lock {self.key!r} is held by another run"
-            f" ({_holder_token(holder)}; on_contention='skip')"
+            f"Skipped: lock {self.key!r} is held by another run{_by_holder(holder)}; on_contention='skip'"
         )
         self.log.info("%s", message)
         self.events.emit("skipped", holder_fencing_token=holder.fencing_token if holder else None)
@@ -111,8 +111,7 @@ class RunReport:
 
     def contention_message(self, exc: LockContention, on_contention: str) -> str:
         """The message of a contention that ends the run (on_contention='fail')."""
-        holder = exc.holder
-        by = f" (holder's fencing token {holder.fencing_token})" if holder and holder.fencing_token else ""
+        by = _by_holder(exc.holder)
         return f"lock {self.key!r} is held by another run{by} and on_contention={on_contention!r}"
 
     def gave_up(self, exc: WaitTimeout, wait_timeout: float | None) -> None:
@@ -200,7 +199,7 @@ class WaitReporter:
         self._started = self._last = self._clock()
         self.holder = holder
         r = self._report
-        r.log.info("Waiting for lock %r (%s)", r.key, _holder_token(holder))
+        r.log.info("Waiting for lock %r, held by another run%s", r.key, _by_holder(holder))
         r.events.emit("waiting", holder_fencing_token=holder.fencing_token if holder else None)
 
     def next_in(self) -> float:
@@ -215,9 +214,9 @@ class WaitReporter:
         self._last = now
         r = self._report
         r.log.info(
-            "Still waiting for lock %r after %.0f s (%s when last seen)",
+            "Still waiting for lock %r after %.0f s, held by another run%s",
             r.key,
             now - self._started,
-            _holder_token(self.holder),
+            _by_holder(self.holder),
         )
         return True

@@ -17,7 +17,7 @@ from volcano_locks.fencing import FencedTable, StaleFencingToken
 
 pytestmark = pytest.mark.usefixtures("volcano_env")
 
-TESTED = {"leader_rollup", "regional_fanout", "fenced_pipeline"}
+TESTED = {"leader_rollup", "regional_fanout", "fenced_pipeline", "nightly_pipeline"}
 
 
 def test_every_flow_has_a_test() -> None:
@@ -34,6 +34,24 @@ def test_leader_rollup_runs_and_skips_when_another_leader_holds_it(unique_key: s
     with VolcanoLocks() as other_leader, other_leader.with_lock(f"rollup:{unique_key}", 10):
         skipped = module.leader_rollup(unique_key)
     assert skipped.name == SKIPPED_STATE_NAME and f"rollup:{unique_key}" in (skipped.message or "")
+
+
+def test_nightly_pipeline_holds_one_lease_for_the_flow_run_and_skips_when_held(unique_key: str) -> None:
+    module = load_flow_module("nightly_pipeline")
+    state = module.nightly_pipeline(unique_key, return_state=True)
+    assert state.name == "Completed"
+    out = state.result()
+    token = out["fencing_token"]
+    assert out["summary"]["fencing_token"] == token
+    assert [p["fencing_token"] for p in out["parts"]] == [token, token, token]  # mapped, other threads
+    with VolcanoLocks() as client:
+        assert client.get(f"nightly:{unique_key}").held is False  # released when the flow ended
+
+    with VolcanoLocks() as other, other.with_lock(f"nightly:{unique_key}", 10):
+        skipped = module.nightly_pipeline(unique_key, return_state=True)
+        assert module.nightly_pipeline(unique_key) is None  # a skipped call's value
+    assert skipped.name == SKIPPED_STATE_NAME and skipped.is_completed()
+    assert f"nightly:{unique_key}" in (skipped.message or "")
 
 
 def test_regional_fanout_takes_one_lock_per_region(unique_key: str) -> None:

@@ -1,0 +1,148 @@
+"""Lock events, read back from the Prefect API: what the Event Feed shows and an automation matches."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+import pytest
+from prefect import flow, task
+from prefect.client.orchestration import get_client
+from prefect.events import Event
+from prefect.events.filters import EventFilter, EventResourceFilter
+from prefect.events.worker import EventsWorker
+from prefect.states import State
+
+from prefect_volcano import (
+    SKIPPED_STATE_NAME,
+    VolcanoCredentials,
+    current_lease,
+    lock_resource_id,
+    locked_task,
+)
+from volcano_locks import OwnershipLost, VolcanoLocks
+
+pytestmark = pytest.mark.usefixtures("volcano_env")
+
+PUBLIC_PAYLOAD = {"fencing_token", "ttl", "expires_at", "holder_fencing_token", "reason", "code"}
+
+
+def lock_events(key: str, names: list[str], timeout: float = 30.0) -> list[Event]:
+    """The events of lock `key`, oldest first, once every name in `names` has arrived (bounded wait)."""
+    EventsWorker.drain_all(timeout=10)
+    deadline = time.monotonic() + timeout
+    with get_client(sync_client=True) as client:
+        while True:
+            page = client.read_events(
+                EventFilter(resource=EventResourceFilter(id=[lock_resource_id(key)])), limit=50
+            )
+            events = sorted(page.events, key=lambda e: e.occurred)
+            seen = [e.event for e in events]
+            if all(f"volcano.lock.{n}" in seen for n in names) or time.monotonic() > deadline:
+                return events
+            time.sleep(0.25)
+
+
+def related_ids(event: Event, role: str) -> list[str]:
+    return [r.id for r in event.related if r.role == role]
+
+
+def assert_no_secret(events: list[Event], credentials: VolcanoCredentials) -> None:
+    text = json.dumps([e.model_dump(mode="json") for e in events])
+    assert credentials.service_key.get_secret_value() not in text
+    assert credentials.anon_key is not None and credentials.anon_key.get_secret_value() not in text
+    for event in events:
+        assert set(event.payload) <= PUBLIC_PAYLOAD, event.payload
+
+
+def test_acquired_released_and_skipped_events_name_the_lock_and_the_runs(
+    unique_key: str, credentials: VolcanoCredentials
+) -> None:
+    @task
+    @locked_task(unique_key, on_contention="skip")
+    def leader() -> int:
+        return current_lease().fencing_token
+
+    states: list[State[Any]] = []
+
+    @flow
+    def f() -> None:
+        states.append(leader(return_state=True))
+
+    f()
+    with VolcanoLocks() as holder, holder.with_lock(unique_key, 10) as held:
+        f()
+    ran, skipped = states
+    token = ran.result()
+    assert skipped.name == SKIPPED_STATE_NAME
+
+    events = lock_events(unique_key, ["acquired", "released", "skipped"])
+    by_name = {e.event: e for e in events}
+    assert [e.event for e in events] == [
+        "volcano.lock.acquired",
+        "volcano.lock.released",
+        "volcano.lock.skipped",
+    ]
+    acquired, released, skip = (by_name[f"volcano.lock.{n}"] for n in ("acquired", "released", "skipped"))
+    assert acquired.resource.id == f"volcano.lock.{unique_key}"
+    assert acquired.resource["volcano.lock.key"] == unique_key
+    assert acquired.payload["fencing_token"] == token and acquired.payload["ttl"] == 30
+    assert released.payload == {"fencing_token": token}
+    # The contract's 409 does not name the holder, and a skip spends no request to ask.
+    assert skip.payload == {} and held.fencing_token == token + 1
+    assert released.follows == acquired.id
+    for event, state in ((acquired, ran), (released, ran), (skip, skipped)):
+        task_run_id = state.state_details.task_run_id
+        assert related_ids(event, "task-run") == [f"prefect.task-run.{task_run_id}"]
+        assert related_ids(event, "flow-run") == [f"prefect.flow-run.{state.state_details.flow_run_id}"]
+    assert_no_secret(events, credentials)
+
+
+def test_waiting_and_lost_events(unique_key: str, credentials: VolcanoCredentials) -> None:
+    started = threading.Event()
+
+    @task
+    @locked_task(unique_key, ttl=5, wait_timeout=30)
+    def job() -> str:
+        started.set()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+        return "should never complete"
+
+    states: list[State[Any]] = []
+
+    @flow
+    def f() -> None:
+        states.append(job(return_state=True))
+
+    def breaker() -> None:
+        if started.wait(30):
+            with VolcanoLocks() as admin:
+                admin.force_release(unique_key)
+
+    with VolcanoLocks() as holder:
+        lease = holder.acquire(unique_key, 10)
+        timer = threading.Timer(1.5, holder.release, args=(unique_key, lease))
+        timer.start()
+        thread = threading.Thread(target=breaker, daemon=True)
+        thread.start()
+        f()
+        timer.join()
+        thread.join()
+    with pytest.raises(OwnershipLost):
+        states[0].result()
+
+    events = lock_events(unique_key, ["waiting", "acquired", "lost"])
+    names = [e.event.removeprefix("volcano.lock.") for e in events]
+    assert names == ["waiting", "acquired", "lost"]
+    waiting, acquired, lost = events
+    assert waiting.payload == {"holder_fencing_token": lease.fencing_token}
+    assert acquired.payload["fencing_token"] > lease.fencing_token
+    assert lost.payload["fencing_token"] == acquired.payload["fencing_token"]
+    assert lost.payload["code"] == "lock_ownership_lost" and "renew failed" in lost.payload["reason"]
+    task_run = f"prefect.task-run.{states[0].state_details.task_run_id}"
+    assert all(related_ids(e, "task-run") == [task_run] for e in events)
+    assert_no_secret(events, credentials)
