@@ -8,8 +8,9 @@ UV := .tools/bin/uv
 AIRFLOW_ENV := .venv-airflow
 PREFECT_ENV := .venv-prefect
 PYTEST_ARGS ?=
+DIST_DIR ?= dist
 
-.PHONY: help envs test test-core test-prefect test-airflow demo bench chaos lint clean
+.PHONY: help envs test test-core test-prefect test-airflow demo bench chaos lint dist clean
 
 help:
 	@echo "make demo   - start the local Volcano-compatible server and run the example DAGs and flows against it"
@@ -17,6 +18,7 @@ help:
 	@echo "make bench  - run every benchmark under bench/ and print their tables"
 	@echo "make chaos  - the chaos suite (CHAOS_SECONDS=600 for a long run)"
 	@echo "make lint   - ruff and mypy"
+	@echo "make dist   - build the wheel and sdist into dist/, with pip constraints for each extra"
 
 $(UV):
 	@echo ">> bootstrapping uv $(UV_VERSION) into .tools/ (one-off)"
@@ -64,5 +66,16 @@ lint: envs
 	$(PREFECT_ENV)/bin/mypy --strict prefect_volcano
 	$(AIRFLOW_ENV)/bin/mypy --strict airflow_provider_volcano
 
+# What a user installs with plain pip (README, "Installing"): the sdist, the wheel built from it (so the sdist
+# is known to build), and one pip constraints file per orchestrator extra with the versions uv.lock pins and
+# the suite tested. DIST_DIR=... builds elsewhere; the packaging tests do.
+dist: | $(UV)
+	rm -f $(DIST_DIR)/volcano_locks-* $(DIST_DIR)/constraints-*.txt
+	$(UV) build --no-sources --out-dir $(DIST_DIR)
+	for extra in airflow prefect; do \
+	  $(UV) export --quiet --frozen --no-hashes --no-header --no-annotate --no-default-groups --no-emit-project \
+	    --extra $$extra --output-file $(DIST_DIR)/constraints-$$extra.txt || exit 1; \
+	done
+
 clean:
-	rm -rf .tools $(AIRFLOW_ENV) $(PREFECT_ENV) .demo .pytest_cache .mypy_cache .ruff_cache
+	rm -rf .tools $(AIRFLOW_ENV) $(PREFECT_ENV) .demo .pytest_cache .mypy_cache .ruff_cache $(DIST_DIR)

@@ -1,0 +1,39 @@
+"""Packaging fixtures: `make dist` once per session into a temporary directory; install times in the summary.
+
+No ``__init__.py`` here on purpose: a package named ``packaging`` would shadow the real one for the whole
+session. The helpers live in `pip_venv`.
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+from pip_venv import INSTALL_TIMES, REPO, Dist
+
+
+@pytest.fixture(scope="session")
+def dist(tmp_path_factory: pytest.TempPathFactory) -> Dist:
+    """`make dist` into a temporary directory (never the checkout's dist/), then what it made."""
+    out = tmp_path_factory.mktemp("dist")
+    done = subprocess.run(
+        ["make", "-s", "dist", f"DIST_DIR={out}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, f"make dist failed:\n{done.stdout}\n{done.stderr}"
+    wheels = sorted(out.glob("volcano_locks-*-py3-none-any.whl"))
+    sdists = sorted(out.glob("volcano_locks-*.tar.gz"))
+    assert len(wheels) == 1 and len(sdists) == 1, sorted(p.name for p in out.iterdir())
+    return Dist(out, wheels[0], sdists[0])
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Print how long each pip install took, so a `make test` log shows it."""
+    if INSTALL_TIMES:
+        terminalreporter.section("packaging")
+        for line in INSTALL_TIMES:
+            terminalreporter.write_line(line)

@@ -1,0 +1,109 @@
+"""Install as users do: `make dist`, then the wheel with plain pip into fresh venvs, one per orchestrator.
+
+Slow (about a minute per extra: pip installs Airflow or Prefect from the index), so marked ``slow``.
+"""
+
+from __future__ import annotations
+
+import json
+import tarfile
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pip_venv import Dist, Venv, install
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+
+PACKAGES = ("volcano_locks", "airflow_provider_volcano", "prefect_volcano")
+
+
+def test_dist_holds_all_three_packages_typed_with_both_entry_points(dist: Dist) -> None:
+    names = set(zipfile.ZipFile(dist.wheel).namelist())
+    for package in PACKAGES:
+        assert f"{package}/__init__.py" in names and f"{package}/py.typed" in names
+    assert not any(name.startswith(("tests/", "dags/", "flows/")) for name in names)
+    entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
+    text = zipfile.ZipFile(dist.wheel).read(entry_points).decode()
+    assert "[apache_airflow_provider]" in text and "[prefect.collections]" in text
+    assert "volcano-locks = volcano_locks.cli:main" in text
+    with tarfile.open(dist.sdist) as sdist:
+        members = sdist.getnames()
+    assert any(m.endswith("/pyproject.toml") for m in members)
+    assert any(m.endswith("/airflow_provider_volcano/get_provider_info.py") for m in members)
+    for extra in ("airflow", "prefect"):
+        pins = dist.constraints(extra).read_text().splitlines()
+        assert any(
+            line.startswith(f"{'apache-airflow' if extra == 'airflow' else 'prefect'}==") for line in pins
+        )
+        assert not any(line.startswith(("-e", "volcano-locks")) for line in pins), "the project pins itself"
+
+
+def _imports_from_the_venv(venv: Venv, *modules: str) -> None:
+    """The packages import from the installed wheel, not from the checkout."""
+    code = (
+        "import importlib, json, sys; "
+        "print(json.dumps({m: importlib.import_module(m).__file__ for m in sys.argv[1:]}))"
+    )
+    done = venv.run(venv.bin("python"), "-c", code, *modules)
+    assert done.returncode == 0, done.stderr
+    for module, path in json.loads(done.stdout).items():
+        assert Path(path).is_relative_to(venv.root), f"{module} imported from {path}, not the new venv"
+
+
+def _json_out(stdout: str) -> Any:
+    """The JSON document in a CLI's stdout (Airflow and Prefect may print log lines before it)."""
+    start = min(i for i in (stdout.find("["), stdout.find("{")) if i >= 0)
+    return json.loads(stdout[start:])
+
+
+def test_airflow_extra_installs_with_pip_and_airflow_lists_the_provider(dist: Dist, tmp_path: Path) -> None:
+    venv = install(dist, "airflow", tmp_path, AIRFLOW_HOME=str(tmp_path / "airflow-home"))
+    _imports_from_the_venv(venv, "volcano_locks", "airflow_provider_volcano")
+
+    providers = venv.run(venv.bin("airflow"), "providers", "list", "--output", "json")
+    assert providers.returncode == 0, providers.stderr
+    listed = {p["package_name"]: p for p in _json_out(providers.stdout)}
+    assert "volcano-locks" in listed, sorted(listed)
+    assert listed["volcano-locks"]["version"] == dist.wheel.name.split("-")[1]
+
+    # The connection type: Airflow imported the hook from the wheel, so the UI's Volcano form is there.
+    hooks = venv.run(venv.bin("airflow"), "providers", "hooks", "--output", "json")
+    assert hooks.returncode == 0, hooks.stderr
+    volcano = [h for h in _json_out(hooks.stdout) if h.get("connection_type") == "volcano"]
+    assert volcano and volcano[0]["class"] == "airflow_provider_volcano.hooks.volcano.VolcanoHook"
+    assert volcano[0]["package_name"] == "volcano-locks"
+
+    cli = venv.run(venv.bin("volcano-locks"), "--help")
+    assert cli.returncode == 0 and "serve" in cli.stdout
+
+
+def test_prefect_extra_installs_with_pip_and_block_register_registers(dist: Dist, tmp_path: Path) -> None:
+    # No PREFECT_API_URL: the CLI runs Prefect's temporary server on a database under this throwaway home.
+    # Its start-up would register every installed collection's blocks itself, so that is switched off:
+    # what is in the database afterwards was put there by `prefect block register`.
+    venv = install(
+        dist,
+        "prefect",
+        tmp_path,
+        PREFECT_HOME=str(tmp_path / "prefect-home"),
+        PREFECT_API_BLOCKS_REGISTER_ON_START="false",
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+    )
+    _imports_from_the_venv(venv, "volcano_locks", "prefect_volcano")
+    prefect = venv.bin("prefect")
+
+    before = venv.run(prefect, "block", "type", "inspect", "volcano-credentials")
+    assert before.returncode != 0 and "not found" in before.stdout + before.stderr, before.stdout
+
+    registered = venv.run(prefect, "block", "register", "-m", "prefect_volcano")
+    assert registered.returncode == 0, registered.stdout + registered.stderr
+    assert "Successfully registered 1 block" in registered.stdout
+
+    after = venv.run(prefect, "block", "type", "inspect", "volcano-credentials", "--output", "json")
+    assert after.returncode == 0, after.stdout + after.stderr
+    found = _json_out(after.stdout)
+    assert found["block_type"]["slug"] == "volcano-credentials"
+    assert {"api_url", "service_key", "anon_key", "timeout"} <= set(found["schema"]["fields"]["properties"])
+    assert "service_key" in found["schema"]["fields"]["secret_fields"]
