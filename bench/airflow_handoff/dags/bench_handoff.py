@@ -1,0 +1,96 @@
+"""DAGs of the Airflow handoff benchmark (bench/bench_airflow.py --only handoff); not examples.
+
+Each DAG maps ``BENCH_HANDOFF_TASKS`` task instances that all want one resource, so they run one
+at a time and hand it over. ``bench_handoff_lock`` serialises them with a Volcano lock (the
+waiters deferred to the trigger), ``bench_handoff_pool`` with an Airflow pool of one slot. The
+``bench_slow_handoff_*`` twins are the same DAGs, started by an executor that takes
+``BENCH_SLOW_START_S`` seconds to start each of their tasks (slow_start_executor.py).
+
+Every task appends ``{"dag", "i", "start", "end", "fencing_token"}`` (wall clock) to the JSON-lines
+file ``BENCH_HANDOFF_RECORDS``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from airflow.providers.standard.operators.python import PythonOperator
+from airflow.sdk import DAG, Param
+
+from airflow_provider_volcano import VolcanoLockOperator
+
+TASKS = int(os.environ.get("BENCH_HANDOFF_TASKS", "6"))
+POOL = os.environ.get("BENCH_HANDOFF_POOL", "bench_handoff_one")
+
+
+def _record(dag_id: str, i: int, start: float, lease: dict[str, Any] | None) -> None:
+    line = json.dumps(
+        {
+            "dag": dag_id,
+            "i": i,
+            "start": start,
+            "end": time.time(),
+            "fencing_token": None if lease is None else lease["fencing_token"],
+        }
+    )
+    # One short O_APPEND write per task: lines from concurrent tasks never interleave.
+    with open(os.environ["BENCH_HANDOFF_RECORDS"], "a", encoding="utf-8") as out:
+        out.write(line + "\n")
+
+
+def _lock_work(dag_id: str) -> Callable[..., None]:
+    def work(i: int, hold: float, volcano_lease: dict[str, Any]) -> None:
+        start = time.time()
+        time.sleep(float(hold))
+        _record(dag_id, int(i), start, volcano_lease)
+
+    return work
+
+
+def _pool_work(dag_id: str) -> Callable[..., None]:
+    def work(i: int, hold: float) -> None:
+        start = time.time()
+        time.sleep(float(hold))
+        _record(dag_id, int(i), start, None)
+
+    return work
+
+
+for slow in ("", "slow_"):
+    ttl = int(os.environ.get("BENCH_SLOW_TTL" if slow else "BENCH_HANDOFF_TTL", "10"))
+    with DAG(
+        dag_id=f"bench_{slow}handoff_lock",
+        schedule=None,
+        start_date=datetime(2026, 1, 1),
+        catchup=False,
+        params={"lock_key": Param("bench-handoff", type="string"), "hold": Param(4.0, type="number")},
+        tags=["volcano", "bench"],
+    ):
+        VolcanoLockOperator.partial(
+            task_id="hold",
+            lock_key="{{ params.lock_key }}",
+            ttl=ttl,
+            on_contention="wait",
+            deferrable=True,
+            wait_timeout=900,
+            python_callable=_lock_work(f"bench_{slow}handoff_lock"),
+        ).expand(op_kwargs=[{"i": i, "hold": "{{ params.hold }}"} for i in range(TASKS)])
+
+    with DAG(
+        dag_id=f"bench_{slow}handoff_pool",
+        schedule=None,
+        start_date=datetime(2026, 1, 1),
+        catchup=False,
+        params={"hold": Param(4.0, type="number")},
+        tags=["volcano", "bench"],
+    ):
+        PythonOperator.partial(
+            task_id="hold",
+            pool=POOL,
+            python_callable=_pool_work(f"bench_{slow}handoff_pool"),
+        ).expand(op_kwargs=[{"i": i, "hold": "{{ params.hold }}"} for i in range(TASKS)])
