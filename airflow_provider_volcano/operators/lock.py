@@ -6,9 +6,11 @@ import contextlib
 import math
 import threading
 import time
+import uuid
 from collections.abc import Callable, Collection, Mapping, Sequence
-from datetime import timedelta
-from typing import TYPE_CHECKING, Any, ClassVar
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.configuration import conf
@@ -19,7 +21,7 @@ if TYPE_CHECKING:
 
     from airflow_provider_volcano._tokens import TaskIdentity
     from airflow_provider_volcano.hooks.volcano import VolcanoHook
-    from volcano_locks import LockContention, LockLease, LockState, VolcanoLocks
+    from volcano_locks import LockContention, LockGuard, LockLease, LockState, VolcanoLocks
 
 __all__ = ["VolcanoLockContended", "VolcanoLockLost", "VolcanoLockOperator"]
 
@@ -27,6 +29,12 @@ ON_CONTENTION = ("wait", "skip", "fail")
 MIN_TTL, MAX_TTL = 5, 7_776_000
 LEASE_XCOM_KEY = "volcano_lease"
 LEASE_KWARG = "volcano_lease"
+DEFAULT_HANDOFF_TTL = 300
+"""Seconds a lease the trigger acquired waits for its task to resume (see the operator's docstring)."""
+HANDOFF_GROWTH_CAP = 4
+"""A lapsed handoff is retried with a longer allowance, at most this many times ``handoff_ttl``."""
+_T = TypeVar("_T")
+_MAX_BACKOFF = 30.0  # the longest pause between two tries against an unreachable API (as the trigger)
 
 
 class VolcanoLockLost(AirflowException):
@@ -37,9 +45,11 @@ class VolcanoLockContended(AirflowException):
     """The lock was held by another owner (``on_contention="fail"``, or the wait timed out)."""
 
 
-def _validate_ttl(ttl: Any) -> int:
+def _validate_ttl(ttl: Any, name: str = "ttl") -> int:
     if isinstance(ttl, bool) or not isinstance(ttl, int) or not MIN_TTL <= ttl <= MAX_TTL:
-        raise ValueError(f"ttl must be an integer number of seconds from {MIN_TTL} to {MAX_TTL}, got {ttl!r}")
+        raise ValueError(
+            f"{name} must be an integer number of seconds from {MIN_TTL} to {MAX_TTL}, got {ttl!r}"
+        )
     return ttl
 
 
@@ -53,6 +63,39 @@ def _validate_wait_timeout(wait_timeout: Any) -> float | None:
     if not math.isfinite(wait_timeout) or wait_timeout < 0:
         raise ValueError(f"wait_timeout must be a non-negative number of seconds, got {wait_timeout!r}")
     return float(wait_timeout)
+
+
+@dataclass(frozen=True)
+class _Handoff:
+    """What the trigger's event says about the lease it acquired for this task (all public)."""
+
+    fencing_token: int | None
+    acquired_at: datetime | None
+    allowance: int
+
+    @classmethod
+    def from_event(cls, event: Mapping[str, Any], default_allowance: int) -> _Handoff:
+        acquired_at = None
+        if isinstance(event.get("acquired_at"), str):
+            with contextlib.suppress(ValueError):
+                acquired_at = datetime.fromisoformat(event["acquired_at"])
+        allowance = event.get("handoff_ttl")
+        fencing = event.get("fencing_token")
+        return cls(
+            fencing_token=fencing if isinstance(fencing, int) and not isinstance(fencing, bool) else None,
+            acquired_at=acquired_at,
+            allowance=allowance if isinstance(allowance, int) and allowance > 0 else default_allowance,
+        )
+
+    def delay(self) -> float | None:
+        """Seconds from the trigger's acquisition to now (triggerer and worker clocks may differ)."""
+        if self.acquired_at is None:
+            return None
+        return time.time() - self.acquired_at.timestamp()
+
+    def describe_delay(self) -> str:
+        delay = self.delay()
+        return "an unknown time" if delay is None else f"{delay:.1f} s"
 
 
 def _holder_facts(state: LockState | None) -> str:
@@ -78,13 +121,25 @@ class VolcanoLockOperator(BaseOperator):
     :param op_kwargs: keyword arguments for the callable (templated).
     :param ttl: the lease TTL in seconds (5 to 7,776,000); it bounds how long a crashed worker
         keeps the lock.
-    :param on_contention: ``wait`` (default; deferrable), ``skip`` (AirflowSkipException naming
-        the holder's fencing token) or ``fail``.
+    :param on_contention: ``wait`` (default), ``skip`` (AirflowSkipException naming the holder's
+        fencing token) or ``fail``. Where ``wait`` waits follows ``deferrable``. ``skip`` and
+        ``fail`` decide on real contention only: an unreachable API (no response, 503, 429) is
+        waited out first, up to ``wait_timeout``.
     :param wait_timeout: give up waiting after this many seconds (or timedelta); ``None`` waits
         without bound.
-    :param deferrable: wait in the triggerer instead of a worker slot (default: the
-        ``[operators] default_deferrable`` option).
+    :param deferrable: wait in the triggerer instead of a worker slot. The default follows Airflow's
+        ``[operators] default_deferrable`` option, which is off unless set: a plain
+        ``on_contention="wait"`` then waits in its worker slot (and says so in the task log).
     :param poll_interval: seconds between reads of a held lock while waiting.
+    :param handoff_ttl: seconds the lease the trigger acquired for this task survives until the
+        task resumes (default 300, and never less than ``ttl``). The resumed task re-acquires it
+        idempotently, which sets it to ``ttl`` from then on, and renews it at ``ttl``. Set it above
+        your executor's worst resume delay (queueing, pod start, a busy pool slot); it is also how
+        long the lock stays idle if a resumed task never starts. A handoff that lapsed anyway is
+        logged with the measured delay, and the task waits again with a longer allowance.
+    :param lock_group: run inside a :class:`~airflow_provider_volcano.operators.group.VolcanoLockGroup`
+        (the group, its acquire task or that task's id) under the group's lease instead of a lock
+        of its own; ``lock_key`` is then taken from the group and must not be given.
     :param volcano_conn_id: the Volcano connection id.
     """
 
@@ -96,7 +151,7 @@ class VolcanoLockOperator(BaseOperator):
     def __init__(
         self,
         *,
-        lock_key: str,
+        lock_key: str | None = None,
         python_callable: Callable[..., Any],
         op_args: Collection[Any] | None = None,
         op_kwargs: Mapping[str, Any] | None = None,
@@ -105,13 +160,23 @@ class VolcanoLockOperator(BaseOperator):
         wait_timeout: float | timedelta | None = None,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         poll_interval: float = 2.0,
+        handoff_ttl: int = DEFAULT_HANDOFF_TTL,
+        lock_group: Any = None,
         volcano_conn_id: str = "volcano_default",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         if not callable(python_callable):
             raise TypeError(f"python_callable must be callable, got {python_callable!r}")
-        if not isinstance(lock_key, str) or not lock_key:
+        self.lock_group_task_id = _group_task_id(lock_group)
+        if self.lock_group_task_id is not None:
+            if lock_key is not None:
+                raise ValueError(
+                    f"lock_key {lock_key!r} must not be given with lock_group: a group member runs "
+                    "under the group's lock"
+                )
+            lock_key = ""  # set at run time from the group's lease (the rendered key)
+        elif not isinstance(lock_key, str) or not lock_key:
             raise ValueError(f"lock_key must be a non-empty string, got {lock_key!r}")
         if on_contention not in ON_CONTENTION:
             raise ValueError(f"on_contention must be one of {ON_CONTENTION}, got {on_contention!r}")
@@ -126,6 +191,7 @@ class VolcanoLockOperator(BaseOperator):
         self.op_args: Collection[Any] = list(op_args or [])
         self.op_kwargs: Mapping[str, Any] = dict(op_kwargs or {})
         self.ttl = _validate_ttl(ttl)
+        self.handoff_ttl = max(self.ttl, _validate_ttl(handoff_ttl, "handoff_ttl"))
         self.on_contention = on_contention
         self.wait_timeout = _validate_wait_timeout(wait_timeout)
         self.deferrable = bool(deferrable)
@@ -182,6 +248,10 @@ class VolcanoLockOperator(BaseOperator):
         """Acquire the lock (or wait, skip, fail per ``on_contention``) and run the callable."""
         from airflow_provider_volcano._tokens import new_nonce
 
+        if self.lock_group_task_id is not None:
+            from airflow_provider_volcano.operators.group import run_in_group
+
+            return run_in_group(self, context)
         deadline = None if self.wait_timeout is None else time.time() + self.wait_timeout
         # This try's owner nonce: drawn once, carried to the trigger and the resumed execution.
         return self._run_locked(context, deadline, new_nonce())
@@ -201,17 +271,21 @@ class VolcanoLockOperator(BaseOperator):
         # Echoed by the trigger too, where the deferral's method kwargs are not carried over (dag.test()).
         nonce = nonce or event.get("nonce")
         if status == "acquired":
+            handoff = _Handoff.from_event(event, self.handoff_ttl)
             self.log.info(
-                "Trigger acquired lock %r (fencing token %s); resuming",
+                "Trigger acquired lock %r (fencing token %s) %s before this resume (handoff "
+                "allowance %s s); resuming",
                 self.lock_key,
                 event.get("fencing_token"),
+                handoff.describe_delay(),
+                handoff.allowance,
             )
             if not isinstance(nonce, str):
                 raise AirflowException(
                     f"Resumed for lock {self.lock_key!r} without this try's owner nonce; cannot "
                     "prove ownership of the lease the trigger acquired"
                 )
-            return self._run_locked(context, deadline, nonce)
+            return self._run_locked(context, deadline, nonce, handoff)
         if status == "timeout":
             raise VolcanoLockContended(
                 f"Timed out waiting for lock {self.lock_key!r} "
@@ -221,38 +295,43 @@ class VolcanoLockOperator(BaseOperator):
             f"Waiting for lock {self.lock_key!r} failed: {message or 'the trigger gave no reason'}"
         )
 
-    def _run_locked(self, context: Context, deadline: float | None, nonce: str) -> Any:
+    def _run_locked(
+        self, context: Context, deadline: float | None, nonce: str, handoff: _Handoff | None = None
+    ) -> Any:
         from volcano_locks import InvalidRequest, LockContention, OwnershipLost, WaitTimeout
 
-        wait_in_place = self.on_contention == "wait" and not self.deferrable
         client = self.hook.get_client()
         entered = False
-        guard: Any = None
+        guard: LockGuard | None = None
         try:
             with contextlib.ExitStack() as stack:
                 stack.callback(client.close)
                 try:
-                    guard = stack.enter_context(
-                        client.with_lock(
-                            self.lock_key,
-                            self.ttl,
-                            token=self._token(context, nonce),
-                            on_contention="wait" if wait_in_place else "raise",
-                            wait_timeout=None if deadline is None else max(0.0, deadline - time.time()),
-                            interrupt=True,
-                        )
-                    )
+                    guard = self._enter(stack, client, self._token(context, nonce), deadline)
                 except WaitTimeout as exc:
                     raise VolcanoLockContended(
                         f"Timed out after {self.wait_timeout} s waiting for lock {self.lock_key!r}, "
                         f"{_holder_facts(exc.holder)}"
                     ) from None
                 except LockContention as exc:
-                    return self._contended(client, exc, context, deadline, nonce)
+                    return self._contended(client, exc, context, deadline, nonce, handoff)
                 except InvalidRequest as exc:
                     raise AirflowFailException(f"Invalid lock request for {self.lock_key!r}: {exc}") from None
                 entered = True
                 lease = guard.lease
+                assert lease is not None  # with_lock raised instead of entering without a lease
+                if handoff is not None and lease.fencing_token != handoff.fencing_token:
+                    self.log.warning(
+                        "The handoff of lock %r lapsed: this task resumed %s after its trigger acquired "
+                        "the lock (fencing token %s), beyond handoff_ttl=%s s. The lock was still free, "
+                        "so it was acquired anew (fencing token %s). Raise handoff_ttl above your "
+                        "executor's resume delay (queueing, pod start, pool slots).",
+                        self.lock_key,
+                        handoff.describe_delay(),
+                        handoff.fencing_token,
+                        handoff.allowance,
+                        lease.fencing_token,
+                    )
                 self.log.info(
                     "Holding lock %r (fencing token %s, ttl %s s, owner %s)",
                     self.lock_key,
@@ -265,14 +344,96 @@ class VolcanoLockOperator(BaseOperator):
             # Belt and braces: a loss the keeper noticed as the block ended still fails the task.
             if guard is not None and guard.lost:
                 raise self._lost(guard.loss)
+            self.log.info("Released lock %r (fencing token %s)", self.lock_key, lease.fencing_token)
             return result
         except OwnershipLost as exc:
             if not entered:
                 # Our own lease lapsed between the trigger's acquisition and this resume.
-                return self._contended(None, exc, context, deadline, nonce)
+                return self._contended(None, exc, context, deadline, nonce, handoff)
             raise self._lost(exc) from None
         finally:
             self._active = self._body_thread = None
+
+    def _enter(
+        self, stack: contextlib.ExitStack, client: VolcanoLocks, token: str, deadline: float | None
+    ) -> LockGuard:
+        """Enter ``with_lock`` with this task's token (see :meth:`_acquire_with` for the waiting)."""
+
+        def attempt(wait: bool, request_id: str, remaining: float | None) -> LockGuard:
+            return stack.enter_context(
+                client.with_lock(
+                    self.lock_key,
+                    self.ttl,
+                    token=token,
+                    request_id=request_id,
+                    on_contention="wait" if wait else "raise",
+                    wait_timeout=remaining,
+                    interrupt=True,
+                )
+            )
+
+        return self._acquire_with(client, deadline, attempt)
+
+    def _acquire_with(
+        self,
+        client: VolcanoLocks,
+        deadline: float | None,
+        attempt: Callable[[bool, str, float | None], _T],
+    ) -> _T:
+        """Run ``attempt(wait, request_id, remaining)``: wait out an unreachable API, and wait in the slot.
+
+        The first try never waits, so ``skip``, ``fail`` and a deferral decide on an answer from the
+        server. No response, 503 and 429 are not an answer: they are retried with the same ownership
+        token and request id (the contract's recovery of an uncertain acquisition), backing off like
+        the trigger, until ``wait_timeout``. Contention with ``on_contention="wait"`` and
+        ``deferrable=False`` waits in this worker slot, and says so in the task log.
+        """
+        from volcano_locks import LockContention, RateLimited, TransportError, Unavailable
+
+        wait_in_slot = False
+        request_id = str(uuid.uuid4())
+        backoff = 0.0
+        while True:
+            remaining = None if deadline is None else max(0.0, deadline - time.time())
+            try:
+                return attempt(wait_in_slot, request_id, remaining)
+            except (TransportError, Unavailable, RateLimited) as exc:
+                if isinstance(exc, RateLimited):
+                    request_id = str(uuid.uuid4())  # a definite answer: the next try is a new operation
+                    delay = exc.retry_after if exc.retry_after is not None else self.poll_interval
+                else:
+                    backoff = min(_MAX_BACKOFF, max(self.poll_interval, backoff * 2))
+                    delay = backoff
+                if remaining is not None:
+                    if remaining <= 0:
+                        raise AirflowException(
+                            f"The Volcano lock API did not answer for lock {self.lock_key!r} within "
+                            f"wait_timeout={self.wait_timeout} s: {exc}"
+                        ) from None
+                    delay = min(delay, remaining)
+                self.log.warning(
+                    "Volcano lock API unavailable while acquiring lock %r (%s); trying again in "
+                    "%.1f s as the same owner (bounded by wait_timeout=%s)",
+                    self.lock_key,
+                    exc,
+                    delay,
+                    self.wait_timeout,
+                )
+                time.sleep(delay)
+            except LockContention as exc:
+                if wait_in_slot or self.on_contention != "wait" or self.deferrable:
+                    raise
+                holder = exc.holder if exc.holder is not None else self._holder(client)
+                self.log.info(
+                    "Lock %r is %s; waiting for it in this worker slot (deferrable=False; the default "
+                    "follows [operators] default_deferrable, off unless set). To wait in the "
+                    "triggerer without holding a slot, pass deferrable=True or set "
+                    "[operators] default_deferrable = True.",
+                    self.lock_key,
+                    _holder_facts(holder),
+                )
+                wait_in_slot = True
+                request_id = str(uuid.uuid4())
 
     def _lost(self, exc: BaseException | None) -> VolcanoLockLost:
         why = "the task was killed and released it" if self._killed else str(exc)
@@ -288,9 +449,32 @@ class VolcanoLockOperator(BaseOperator):
         context: Context,
         deadline: float | None,
         nonce: str,
+        handoff: _Handoff | None = None,
     ) -> Any:
         holder = self._holder(client) if client is not None else None
         facts = _holder_facts(holder)
+        allowance = self.handoff_ttl
+        if handoff is not None:
+            delay = handoff.delay()
+            # Resume delays recur: the next handoff allows twice the one measured, within a bound.
+            if delay is not None:
+                allowance = min(
+                    MAX_TTL,
+                    HANDOFF_GROWTH_CAP * self.handoff_ttl,
+                    max(handoff.allowance, math.ceil(2 * delay)),
+                )
+            self.log.warning(
+                "The handoff of lock %r lapsed: this task resumed %s after its trigger acquired the "
+                "lock (fencing token %s), beyond handoff_ttl=%s s, and the lease is gone (the lock "
+                "is now %s). Raise handoff_ttl above your executor's resume delay (queueing, pod "
+                "start, pool slots); waiting again with a handoff allowance of %s s.",
+                self.lock_key,
+                handoff.describe_delay(),
+                handoff.fencing_token,
+                handoff.allowance,
+                facts,
+                allowance,
+            )
         if self.on_contention == "skip":
             raise AirflowSkipException(f"Lock {self.lock_key!r} is {facts}; skipping (on_contention='skip')")
         if self.on_contention == "fail":
@@ -299,9 +483,11 @@ class VolcanoLockOperator(BaseOperator):
             raise VolcanoLockContended(
                 f"Timed out after {self.wait_timeout} s waiting for lock {self.lock_key!r}, {facts}"
             )
-        self._defer(context, deadline, facts, nonce)
+        self._defer(context, deadline, facts, nonce, allowance)
 
-    def _defer(self, context: Context, deadline: float | None, facts: str, nonce: str) -> None:
+    def _defer(
+        self, context: Context, deadline: float | None, facts: str, nonce: str, handoff_ttl: int
+    ) -> None:
         from airflow_provider_volcano.triggers.lock import VolcanoLockTrigger
 
         self.log.info("Lock %r is %s; deferring until it is free (owner %s)", self.lock_key, facts, nonce)
@@ -313,6 +499,7 @@ class VolcanoLockOperator(BaseOperator):
                 identity=self._identity(context, nonce).as_dict(),
                 deadline=deadline,
                 poll=self.poll_interval,
+                handoff_ttl=handoff_ttl,
             ),
             method_name="execute_complete",
             kwargs={"deadline": deadline, "nonce": nonce},
@@ -343,3 +530,20 @@ class VolcanoLockOperator(BaseOperator):
                 self.log.warning("Could not release lock %r on kill: %s", self.lock_key, exc)
         if threading.get_ident() == body_thread:
             raise self._lost(None)
+
+
+def _group_task_id(lock_group: Any) -> str | None:
+    """The task id of a lock group's acquire task, from the group, that task or its id."""
+    if lock_group is None:
+        return None
+    if isinstance(lock_group, str):
+        if not lock_group:
+            raise ValueError("lock_group must be a lock group, its acquire task or that task's id, got ''")
+        return lock_group
+    acquire = getattr(lock_group, "acquire", lock_group)
+    task_id = getattr(acquire, "task_id", None)
+    if not isinstance(task_id, str):
+        raise ValueError(
+            f"lock_group must be a lock group, its acquire task or that task's id, got {lock_group!r}"
+        )
+    return task_id

@@ -282,16 +282,22 @@ class VolcanoLockTrigger(BaseTrigger):
 
     It acquires with the ownership token derived from the service key and the task try's identity
     and random nonce, so nothing secret is stored in the trigger row and the resumed task
-    re-acquires that same lease (same fencing token). Fires one event whose ``status`` is
-    ``acquired``, ``timeout`` or ``error``; the payload holds the lock key, the fencing token,
-    ``expires_at`` and a message, never a key or an ownership token.
+    re-acquires that same lease (same fencing token). It acquires for the *handoff*: with
+    ``handoff_ttl`` (at least ``ttl``), so the lease outlives a resume that takes longer than the
+    task's TTL (executor queueing, pod start, a busy pool); the resumed task's idempotent
+    re-acquire then sets the lease to its own ``ttl`` from that moment. Fires one event whose
+    ``status`` is ``acquired``, ``timeout`` or ``error``; the payload holds the lock key, the
+    fencing token, ``expires_at``, ``acquired_at`` (when the trigger's acquisition was sent), the
+    handoff allowance and a message, never a key or an ownership token.
 
     :param volcano_conn_id: the Volcano connection id.
     :param lock_key: the lock to wait for.
-    :param ttl: the lease TTL in seconds (the task must resume within it to keep the lease).
+    :param ttl: the task's lease TTL in seconds.
     :param identity: the task instance try with its nonce (``TaskIdentity.as_dict()``).
     :param deadline: give up at this wall-clock time (epoch seconds); ``None`` waits without bound.
     :param poll: seconds between reads of a held lock.
+    :param handoff_ttl: the TTL the trigger acquires with, the time its task has to resume (``None``
+        or less than ``ttl``: ``ttl``).
     """
 
     def __init__(
@@ -303,6 +309,7 @@ class VolcanoLockTrigger(BaseTrigger):
         identity: dict[str, Any],
         deadline: float | None = None,
         poll: float = 2.0,
+        handoff_ttl: int | None = None,
     ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.volcano_conn_id = volcano_conn_id
@@ -311,6 +318,7 @@ class VolcanoLockTrigger(BaseTrigger):
         self.identity = TaskIdentity.from_dict(identity).as_dict()
         self.deadline = None if deadline is None else float(deadline)
         self.poll = float(poll)
+        self.handoff_ttl = max(self.ttl, int(handoff_ttl or 0))
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         """Return the classpath and JSON-primitive kwargs (no key, no token)."""
@@ -323,17 +331,24 @@ class VolcanoLockTrigger(BaseTrigger):
                 "identity": dict(self.identity),
                 "deadline": self.deadline,
                 "poll": self.poll,
+                # Only when it differs: trigger rows written before the handoff allowance existed
+                # (no such kwarg) keep deserialising to the same trigger.
+                **({"handoff_ttl": self.handoff_ttl} if self.handoff_ttl != self.ttl else {}),
             },
         )
 
     def _event(self, status: str, message: str, state: Any = None) -> TriggerEvent:
         expires_at = getattr(state, "expires_at", None)
+        acquired_at = getattr(state, "acquired_at", None)
         return TriggerEvent(  # type: ignore[no-untyped-call]
             {
                 "status": status,
                 "lock_key": self.lock_key,
                 "fencing_token": getattr(state, "fencing_token", None),
                 "expires_at": expires_at.isoformat() if expires_at is not None else None,
+                # When the trigger's acquisition was sent: the resumed task measures its resume delay.
+                "acquired_at": acquired_at.isoformat() if acquired_at is not None else None,
+                "handoff_ttl": self.handoff_ttl,
                 "message": message,
                 # Echoed so a resumed task can defer again within the same bound, even where the
                 # deferral's method kwargs are not carried over (dag.test()).
@@ -352,10 +367,18 @@ class VolcanoLockTrigger(BaseTrigger):
             yield self._event(STATUS_ERROR, str(exc))
             return
         token = derive_token(config.service_key, TaskIdentity.from_dict(self.identity), self.lock_key)
-        outcome = await shared_poller(config, self.lock_key).wait(token, self.ttl, self.deadline, self.poll)
+        # The handoff allowance, not the task's TTL: the lease must outlive the task's resume.
+        outcome = await shared_poller(config, self.lock_key).wait(
+            token, self.handoff_ttl, self.deadline, self.poll
+        )
         if outcome.status == STATUS_ACQUIRED and outcome.lease is not None:
             self.log.info(
-                "Acquired lock %r for the task (fencing token %s)", self.lock_key, outcome.lease.fencing_token
+                "Acquired lock %r for the task (fencing token %s); it holds for the handoff "
+                "(%s s) until the task resumes and renews it at its own ttl (%s s)",
+                self.lock_key,
+                outcome.lease.fencing_token,
+                self.handoff_ttl,
+                self.ttl,
             )
             yield self._event(STATUS_ACQUIRED, f"acquired lock {self.lock_key!r}", outcome.lease)
         else:

@@ -266,3 +266,183 @@ def test_tokens_differ_per_nonce_and_nonces_are_checked() -> None:
     assert len(tokens) == 2
     with pytest.raises(ValueError, match="nonce must be 32 lowercase hex digits"):
         TaskIdentity("d", "t", "r", -1, 1, "not-a-nonce")
+
+
+# -- the handoff from trigger to resumed task (issue 11, item 2) ------------------------------------
+
+
+def _log(capfd: pytest.CaptureFixture[str]) -> str:
+    """What the task logged so far (Airflow's task logger writes to the process's stdout)."""
+    out = capfd.readouterr()
+    return out.out + out.err
+
+
+def _lines(capfd: pytest.CaptureFixture[str], needle: str) -> list[str]:
+    return [line for line in _log(capfd).splitlines() if needle in line]
+
+
+def _triggers_lease(volcano_conn, outside, key: str, nonce: str, ttl: int = 30):
+    """Acquire as the trigger does for task "t": with the token derived from the try and its nonce."""
+    token = derive_token(volcano_conn.service_key, TaskIdentity("d", "t", "manual__x", -1, 1, nonce), key)
+    return outside.acquire(key, ttl, token=token)
+
+
+def _event(lease: Any, seconds_ago: float, handoff_ttl: int) -> dict[str, Any]:
+    from datetime import UTC, datetime, timedelta
+
+    return {
+        "status": "acquired",
+        "lock_key": lease.key,
+        "fencing_token": lease.fencing_token,
+        "acquired_at": (datetime.now(UTC) - timedelta(seconds=seconds_ago)).isoformat(),
+        "handoff_ttl": handoff_ttl,
+    }
+
+
+def test_handoff_ttl_is_validated_and_never_below_ttl() -> None:
+    with pytest.raises(ValueError, match="handoff_ttl must be an integer number of seconds from 5"):
+        _op("k", handoff_ttl=4)
+    with pytest.raises(ValueError, match="handoff_ttl must be an integer"):
+        _op("k", handoff_ttl=60.0)
+    assert _op("k").handoff_ttl == 300
+    assert _op("k", ttl=900, handoff_ttl=60).handoff_ttl == 900
+
+
+def test_the_deferred_trigger_acquires_for_the_handoff(volcano_conn, outside, unique_key) -> None:
+    held = outside.acquire(unique_key, 30)
+    with pytest.raises(TaskDeferred) as info:
+        _op(unique_key, deferrable=True, ttl=10, handoff_ttl=120).execute(_context())
+    outside.release(unique_key, held)
+    assert info.value.trigger.serialize()[1]["handoff_ttl"] == 120
+
+
+def test_a_resume_slower_than_the_ttl_keeps_the_triggers_lease(
+    volcano_conn, outside, unique_key, capfd
+) -> None:
+    """The trigger's lease (handoff 60 s) outlives a resume 12 s later, past the task's 5 s TTL."""
+    nonce = new_nonce()
+    by_trigger = _triggers_lease(volcano_conn, outside, unique_key, nonce, ttl=60)
+    ctx = _context()
+    result = _op(unique_key, ttl=5).execute_complete(ctx, _event(by_trigger, 12, 60), nonce=nonce)
+    assert result == "done"
+    assert ctx["ti"].xcoms["volcano_lease"]["fencing_token"] == by_trigger.fencing_token
+    log = _log(capfd)
+    assert "12." in log and "handoff allowance 60 s" in log
+    assert "The handoff of lock" not in log
+    assert f"Released lock {unique_key!r} (fencing token {by_trigger.fencing_token})" in log
+
+
+def test_a_lapsed_handoff_on_a_free_lock_is_logged_and_the_task_runs(
+    volcano_conn, outside, unique_key, capfd
+) -> None:
+    nonce = new_nonce()
+    by_trigger = _triggers_lease(volcano_conn, outside, unique_key, nonce, ttl=5)
+    outside.release(unique_key, by_trigger)  # what a lapse leaves behind: a free lock
+    ctx = _context()
+    assert _op(unique_key).execute_complete(ctx, _event(by_trigger, 40, 5), nonce=nonce) == "done"
+    assert ctx["ti"].xcoms["volcano_lease"]["fencing_token"] > by_trigger.fencing_token
+    lapsed = _lines(capfd, "The handoff of lock")
+    assert len(lapsed) == 1 and "40." in lapsed[0] and "handoff_ttl=5 s" in lapsed[0]
+    assert "Raise handoff_ttl" in lapsed[0]
+
+
+def test_a_lapsed_handoff_taken_meanwhile_waits_again_with_a_longer_allowance(
+    volcano_conn, outside, unique_key, capfd
+) -> None:
+    nonce = new_nonce()
+    by_trigger = _triggers_lease(volcano_conn, outside, unique_key, nonce, ttl=5)
+    outside.release(unique_key, by_trigger)
+    taken = outside.acquire(unique_key, 30)  # another task got the lock while this one was queued
+    op = _op(unique_key, deferrable=True, ttl=10, handoff_ttl=60)
+    try:
+        with pytest.raises(TaskDeferred) as info:
+            op.execute_complete(
+                _context(), _event(by_trigger, 100, 60), deadline=time.time() + 60, nonce=nonce
+            )
+        # Twice the measured 100 s delay (plus the test's own milliseconds), within 4 x handoff_ttl.
+        allowance = info.value.trigger.serialize()[1]["handoff_ttl"]
+        assert 200 <= allowance <= 202
+        (lapsed,) = _lines(capfd, "The handoff of lock")
+        assert "100." in lapsed and f"fencing token {taken.fencing_token}" in lapsed
+        assert f"waiting again with a handoff allowance of {allowance} s" in lapsed
+        capfd.readouterr()
+        with pytest.raises(TaskDeferred) as info:
+            op.execute_complete(
+                _context(), _event(by_trigger, 1000, 200), deadline=time.time() + 60, nonce=nonce
+            )
+        assert info.value.trigger.serialize()[1]["handoff_ttl"] == 240  # the cap: 4 x 60 s
+    finally:
+        outside.release(unique_key, taken)
+
+
+# -- what the task log says (issue 11, item 4) -------------------------------------------------------
+
+
+def test_waiting_in_the_worker_slot_says_so_and_how_to_defer(
+    volcano_conn, outside, unique_key, capfd
+) -> None:
+    held = outside.acquire(unique_key, 30)
+    threading.Timer(1.5, outside.release, (unique_key, held)).start()
+    assert _op(unique_key, deferrable=False, wait_timeout=30, poll_interval=0.5).execute(_context()) == "done"
+    (notice,) = _lines(capfd, "worker slot")
+    assert f"fencing token {held.fencing_token}" in notice
+    assert "deferrable=True" in notice and "[operators] default_deferrable" in notice
+
+
+def test_no_in_slot_notice_when_the_lock_is_free_or_the_wait_is_deferred(
+    volcano_conn, outside, unique_key, capfd
+) -> None:
+    _op(unique_key, deferrable=False).execute(_context())
+    held = outside.acquire(unique_key, 30)
+    with pytest.raises(TaskDeferred):
+        _op(unique_key, deferrable=True).execute(_context())
+    outside.release(unique_key, held)
+    assert "worker slot" not in _log(capfd)
+
+
+def test_the_first_acquire_rides_out_503s_and_skip_decides_on_contention_only(
+    volcano_conn, outside, unique_key, capfd
+) -> None:
+    # Four 503s: the client's own retry absorbs one per call, the operator waits out the rest.
+    volcano_conn.server.set_faults("status=503:op=acquire:count=4")
+    assert (
+        _op(unique_key, on_contention="skip", poll_interval=0.2, wait_timeout=30).execute(_context())
+        == "done"
+    )
+    assert "Volcano lock API unavailable while acquiring lock" in _log(capfd)
+    statuses = [
+        r["status"]
+        for r in volcano_conn.requests()
+        if unique_key in r.get("path", "") and r["op"] == "acquire"
+    ]
+    assert statuses == [503, 503, 503, 503, 201], statuses
+
+
+def test_an_unreachable_api_fails_at_wait_timeout_naming_it(volcano_conn, unique_key) -> None:
+    volcano_conn.server.set_faults("status=503:op=acquire:count=1000")
+    with pytest.raises(AirflowException, match=r"did not answer for lock .* within wait_timeout=1\.5 s"):
+        _op(unique_key, on_contention="fail", poll_interval=0.2, wait_timeout=1.5).execute(_context())
+
+
+def test_the_first_acquire_waits_out_a_stopped_server(monkeypatch, unique_key, capfd) -> None:
+    """The API goes away and comes back on the same address: the task acquires, then runs."""
+    from volcano_airflow_testlib import volcano_conn_json
+
+    from volcano_locks.server.harness import LocalServer
+
+    with LocalServer(admin=True) as server:
+        monkeypatch.setenv("AIRFLOW_CONN_VOLCANO_FLAKY", volcano_conn_json(server.url, server.service_key))
+        server.stop()
+        op = _op(
+            unique_key,
+            on_contention="fail",
+            poll_interval=0.5,
+            wait_timeout=60,
+            volcano_conn_id="volcano_flaky",
+        )
+        threading.Timer(3.0, server.start).start()
+        assert op.execute(_context()) == "done"
+        assert server.running
+        ops = [(r["op"], r["status"]) for r in server.requests() if unique_key in r.get("path", "")]
+    assert ops == [("acquire", 201), ("release", 204)], ops  # nothing reached the stopped server
+    assert "Volcano lock API unavailable while acquiring lock" in _log(capfd)
