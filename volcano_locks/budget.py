@@ -16,10 +16,10 @@ DEFAULT_QUOTA = 600
 
 
 def renewals_per_minute(ttl: int) -> float:
-    """Requests a minute one holder spends renewing at a third of ``ttl`` seconds."""
+    """Requests a minute one holder spends renewing at a third of ``ttl`` seconds, at least once a minute."""
     if isinstance(ttl, bool) or not isinstance(ttl, int) or ttl < 5:
         raise ValueError(f"ttl must be an integer number of seconds >= 5, got {ttl!r}")
-    return 180 / ttl
+    return max(180 / ttl, 1.0)
 
 
 @dataclass(frozen=True)

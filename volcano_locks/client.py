@@ -1,15 +1,23 @@
 """The two clients, :class:`VolcanoLocks` and :class:`AsyncVolcanoLocks`: thin I/O shells over ``protocol``.
 
 Both hold one httpx connection pool (closed by ``close``/``aclose`` or the context manager), send the
-calls that the sans-I/O flows in :mod:`volcano_locks.protocol` yield, and count every attempt in
-``requests_sent`` so callers can see what the project's 600-a-minute budget paid for.
+calls that the sans-I/O flows in :mod:`volcano_locks.protocol` yield, count every attempt in
+``requests_sent`` and in the process's :class:`~volcano_locks.governor.Governor` for the credential, so
+callers can see what the project's 600-a-minute budget paid for.
+
+Every request has a *total* deadline (its timeout covers connecting, sending and the whole response,
+not each read: a server dripping bytes cannot hold a call past it) and a response body cap
+(:data:`MAX_RESPONSE_BYTES`). The async shell bounds the request with ``asyncio.timeout``; the sync
+shell runs it on a small worker pool and stops waiting at the deadline (the worker's connection is
+abandoned, not reused).
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import logging
 import threading
-import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from types import TracebackType
@@ -18,31 +26,61 @@ from typing import TypeVar, cast
 import httpx
 
 from volcano_locks import protocol
+from volcano_locks.clock import lease_clock
 from volcano_locks.config import ClientConfig, resolve_config
-from volcano_locks.errors import OwnershipLost, TransportError, translate_transport_errors
+from volcano_locks.errors import (
+    OwnershipLost,
+    ProtocolError,
+    RateLimited,
+    TransportError,
+    translate_transport_errors,
+)
+from volcano_locks.governor import Governor
 from volcano_locks.guard import AsyncLockContext, LockContext, OnContention
 from volcano_locks.models import LockLease, LockState
 from volcano_locks.protocol import Call, Flow, Reply
-from volcano_locks.waiting import async_wait_acquire, wait_acquire
+from volcano_locks.waiting import OnWaiting, async_wait_acquire, wait_acquire, wake
 
-__all__ = ["AsyncVolcanoLocks", "VolcanoLocks"]
+__all__ = ["MAX_RESPONSE_BYTES", "AsyncVolcanoLocks", "VolcanoLocks"]
 
 logger = logging.getLogger("volcano_locks.client")
 
 T = TypeVar("T")
 _USER_AGENT = "volcano-locks/0.1"
+MAX_RESPONSE_BYTES = 64 * 1024
+"""The largest response body a client reads; the contract's bodies are a few dozen bytes."""
+_SYNC_WORKERS = 8  # concurrent requests of one sync client (keeper, body, release) before they queue
+
+
+def _take(body: bytearray, chunk: bytes, call: Call, status: int) -> None:
+    """Append ``chunk`` to ``body``, refusing a body over :data:`MAX_RESPONSE_BYTES`."""
+    body += chunk
+    if len(body) > MAX_RESPONSE_BYTES:
+        raise ProtocolError(
+            f"{call.op}: response body larger than {MAX_RESPONSE_BYTES} bytes",
+            status=status,
+            request_id=call.request_id,
+        )
 
 
 class _Base:
     """State and pure helpers shared by both shells (no I/O here)."""
 
     def __init__(
-        self, api_url: str | None, anon_key: str | None, service_key: str | None, timeout: float
+        self,
+        api_url: str | None,
+        anon_key: str | None,
+        service_key: str | None,
+        timeout: float,
+        wait_budget: int | None,
     ) -> None:
         self._config: ClientConfig = resolve_config(api_url, anon_key, service_key, timeout)
         self._secrets = tuple(s for s in (self._config.service_key, self._config.anon_key) if s)
         self._sent = 0
         self._sent_lock = threading.Lock()
+        self._governor = Governor.for_credential(
+            self._config.api_url, self._config.credential_id, wait_budget
+        )
 
     @property
     def api_url(self) -> str:
@@ -64,17 +102,44 @@ class _Base:
         """Every HTTP request attempt this client has sent, retries included."""
         return self._sent
 
+    @property
+    def governor(self) -> Governor:
+        """This process's request governor for the client's API URL and credential (shared)."""
+        return self._governor
+
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self._config.service_key}", "User-Agent": _USER_AGENT}
 
-    def _count(self) -> tuple[float, datetime]:
+    def _deadline(self, call: Call) -> float:
+        return self._config.timeout if call.timeout is None else call.timeout
+
+    def _count(self, call: Call) -> tuple[float, datetime]:
         with self._sent_lock:
             self._sent += 1
-        return time.monotonic(), datetime.now(UTC)
+        self._governor.note_sent(call.op)
+        return lease_clock(), datetime.now(UTC)
 
-    def _reply(self, call: Call, response: httpx.Response, sent: tuple[float, datetime]) -> Reply:
-        logger.debug("%s -> %d (request id %s)", call.op, response.status_code, call.request_id)
-        return Reply(response.status_code, response.headers, response.content, sent[0], sent[1])
+    def _reply(
+        self, call: Call, status: int, headers: httpx.Headers, body: bytes, sent: tuple[float, datetime]
+    ) -> Reply:
+        logger.debug("%s -> %d (request id %s)", call.op, status, call.request_id)
+        reply = Reply(status, headers, body, sent[0], sent[1])
+        if status == 429:
+            limited = protocol.error_from_reply(call, reply)
+            self._governor.note_rate_limited(
+                call.op, limited.retry_after if isinstance(limited, RateLimited) else None
+            )
+        return reply
+
+    def _released(self, key: str) -> None:
+        # The lock is free now: this process's waiters on it need not wait for their next look.
+        wake(key, api_url=self._config.api_url, credential_id=self._config.credential_id)
+
+    def _timed_out(self, call: Call) -> TransportError:
+        return TransportError(
+            f"{call.op} got no complete response within {self._deadline(call):g} s",
+            request_id=call.request_id,
+        )
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(api_url={self._config.api_url!r})"
@@ -87,8 +152,10 @@ class VolcanoLocks(_Base):
         api_url: Base URL; defaults to ``VOLCANO_API_URL``.
         anon_key: The project's anon key; defaults to ``VOLCANO_ANON_KEY`` (not used by lock calls).
         service_key: A service-role key with ``locks.manage``; defaults to ``VOLCANO_SERVICE_KEY``.
-        timeout: Per-request timeout in seconds.
+        timeout: Total time a request may take, in seconds (connect, send and the whole response).
         transport: An httpx transport to send through (tests, proxies).
+        wait_budget: Requests a minute this process may spend waiting for locks with this credential
+            (default ``VOLCANO_WAIT_BUDGET`` or 120; see :mod:`volcano_locks.governor`).
 
     Raises:
         InvalidRequest: A setting is missing or malformed.
@@ -107,13 +174,22 @@ class VolcanoLocks(_Base):
         *,
         timeout: float = 10.0,
         transport: httpx.BaseTransport | None = None,
+        wait_budget: int | None = None,
     ) -> None:
-        super().__init__(api_url, anon_key, service_key, timeout)
-        self._http = httpx.Client(
+        super().__init__(api_url, anon_key, service_key, timeout, wait_budget)
+        self._transport = transport
+        self._http = self._new_pool()
+        self._pool_lock = threading.Lock()
+        self._workers = concurrent.futures.ThreadPoolExecutor(
+            max_workers=_SYNC_WORKERS, thread_name_prefix="volcano-locks-http"
+        )
+
+    def _new_pool(self) -> httpx.Client:
+        return httpx.Client(
             base_url=self._config.api_url,
             headers=self._headers(),
             timeout=self._config.timeout,
-            transport=transport,
+            transport=self._transport,
         )
 
     def __enter__(self) -> VolcanoLocks:
@@ -126,16 +202,39 @@ class VolcanoLocks(_Base):
 
     def close(self) -> None:
         """Close the connection pool."""
+        self._workers.shutdown(wait=False, cancel_futures=True)
         self._http.close()
 
-    def _send(self, call: Call) -> Reply:
-        sent = self._count()
-        timeout = httpx.USE_CLIENT_DEFAULT if call.timeout is None else call.timeout
-        with translate_transport_errors(call.op, call.request_id):
-            response = self._http.request(
+    def _exchange(self, http: httpx.Client, call: Call) -> tuple[int, httpx.Headers, bytes]:
+        timeout = self._deadline(call)
+        body = bytearray()
+        with (
+            translate_transport_errors(call.op, call.request_id),
+            http.stream(
                 call.method, call.path, headers=call.headers, content=call.body, timeout=timeout
-            )
-        return self._reply(call, response, sent)
+            ) as r,
+        ):
+            for chunk in r.iter_bytes():
+                _take(body, chunk, call, r.status_code)
+            return r.status_code, r.headers, bytes(body)
+
+    def _send(self, call: Call) -> Reply:
+        sent = self._count(call)
+        http = self._http
+        try:
+            future = self._workers.submit(self._exchange, http, call)
+        except RuntimeError as exc:  # closed
+            raise TransportError(f"{call.op}: the client is closed", request_id=call.request_id) from exc
+        try:
+            status, headers, body = future.result(timeout=self._deadline(call))
+        except concurrent.futures.TimeoutError:
+            # The worker may stay stuck on a server that drips bytes: abandon its pool so that no
+            # later request queues behind that connection, and let the caller fail closed now.
+            with self._pool_lock:
+                if self._http is http:
+                    self._http = self._new_pool()
+            raise self._timed_out(call) from None
+        return self._reply(call, status, headers, body, sent)
 
     def _drive(self, flow: Flow[T]) -> T:
         try:
@@ -179,6 +278,7 @@ class VolcanoLocks(_Base):
     def release(self, key: str, lease: LockLease, *, request_id: str | None = None) -> None:
         """Release ``lease``; succeeds when the lock is already gone."""
         self._drive(protocol.release_flow(key, lease, request_id=request_id, secrets=self._secrets))
+        self._released(key)
 
     def get(self, key: str, *, request_id: str | None = None) -> LockState:
         """Read whether ``key`` is held, with the holder's expiry and fencing token."""
@@ -189,14 +289,25 @@ class VolcanoLocks(_Base):
         self._drive(protocol.force_release_flow(key, request_id=request_id, secrets=self._secrets))
 
     def wait_acquire(
-        self, key: str, ttl: int, *, timeout: float | None = None, token: str | None = None, poll: float = 1.0
+        self,
+        key: str,
+        ttl: int,
+        *,
+        timeout: float | None = None,
+        token: str | None = None,
+        poll: float = 1.0,
+        on_waiting: OnWaiting | None = None,
     ) -> LockLease:
         """Acquire ``key``, waiting out contention for up to ``timeout`` seconds (``None``: no bound).
+
+        The wait is governed (see :mod:`volcano_locks.waiting`): looks back off from ``poll`` seconds,
+        share one poll per key in this process and draw from the process's waiting budget.
+        ``on_waiting(holder, waited)`` is called when the wait starts and about every minute after.
 
         Raises:
             WaitTimeout: Still held when ``timeout`` ran out (``.holder`` is the last state seen).
         """
-        return wait_acquire(self, key, ttl, timeout=timeout, token=token, poll=poll)
+        return wait_acquire(self, key, ttl, timeout=timeout, token=token, poll=poll, on_waiting=on_waiting)
 
     def with_lock(
         self,
@@ -209,6 +320,7 @@ class VolcanoLocks(_Base):
         wait_timeout: float | None = None,
         interrupt: bool = False,
         on_loss: Callable[[OwnershipLost], object] | None = None,
+        on_waiting: OnWaiting | None = None,
     ) -> LockContext:
         """Hold ``key`` for a ``with`` block, renewing in the background; yields a :class:`LockGuard`.
 
@@ -223,6 +335,8 @@ class VolcanoLocks(_Base):
             interrupt: Raise ``OwnershipLost`` in the thread running the block when loss is detected
                 (between bytecodes: a blocking C call finishes first).
             on_loss: Called once, from the keeper thread, with the ``OwnershipLost``.
+            on_waiting: With ``on_contention="wait"``: called with the last holder seen and the seconds
+                waited when the wait starts and about every minute after (e.g. to log it).
 
         On exit the keeper is stopped and the latest lease released. The block's exception wins; else
         a renewal failure is raised after cleanup; else a release failure. A fresh lease with no safe
@@ -239,6 +353,7 @@ class VolcanoLocks(_Base):
             wait_timeout=wait_timeout,
             interrupt=interrupt,
             on_loss=on_loss,
+            on_waiting=on_waiting,
         )
 
 
@@ -259,8 +374,9 @@ class AsyncVolcanoLocks(_Base):
         *,
         timeout: float = 10.0,
         transport: httpx.AsyncBaseTransport | None = None,
+        wait_budget: int | None = None,
     ) -> None:
-        super().__init__(api_url, anon_key, service_key, timeout)
+        super().__init__(api_url, anon_key, service_key, timeout, wait_budget)
         self._http = httpx.AsyncClient(
             base_url=self._config.api_url,
             headers=self._headers(),
@@ -280,14 +396,25 @@ class AsyncVolcanoLocks(_Base):
         """Close the connection pool."""
         await self._http.aclose()
 
-    async def _send(self, call: Call) -> Reply:
-        sent = self._count()
-        timeout = httpx.USE_CLIENT_DEFAULT if call.timeout is None else call.timeout
+    async def _exchange(self, call: Call) -> tuple[int, httpx.Headers, bytes]:
+        timeout = self._deadline(call)
+        body = bytearray()
         with translate_transport_errors(call.op, call.request_id):
-            response = await self._http.request(
+            async with self._http.stream(
                 call.method, call.path, headers=call.headers, content=call.body, timeout=timeout
-            )
-        return self._reply(call, response, sent)
+            ) as r:
+                async for chunk in r.aiter_bytes():
+                    _take(body, chunk, call, r.status_code)
+                return r.status_code, r.headers, bytes(body)
+
+    async def _send(self, call: Call) -> Reply:
+        sent = self._count(call)
+        try:
+            async with asyncio.timeout(self._deadline(call)):
+                status, headers, body = await self._exchange(call)
+        except TimeoutError:
+            raise self._timed_out(call) from None
+        return self._reply(call, status, headers, body, sent)
 
     async def _drive(self, flow: Flow[T]) -> T:
         try:
@@ -329,6 +456,7 @@ class AsyncVolcanoLocks(_Base):
     async def release(self, key: str, lease: LockLease, *, request_id: str | None = None) -> None:
         """Release ``lease``; succeeds when the lock is already gone."""
         await self._drive(protocol.release_flow(key, lease, request_id=request_id, secrets=self._secrets))
+        self._released(key)
 
     async def get(self, key: str, *, request_id: str | None = None) -> LockState:
         """Read whether ``key`` is held, with the holder's expiry and fencing token."""
@@ -339,10 +467,19 @@ class AsyncVolcanoLocks(_Base):
         await self._drive(protocol.force_release_flow(key, request_id=request_id, secrets=self._secrets))
 
     async def wait_acquire(
-        self, key: str, ttl: int, *, timeout: float | None = None, token: str | None = None, poll: float = 1.0
+        self,
+        key: str,
+        ttl: int,
+        *,
+        timeout: float | None = None,
+        token: str | None = None,
+        poll: float = 1.0,
+        on_waiting: OnWaiting | None = None,
     ) -> LockLease:
         """Acquire ``key``, waiting out contention for up to ``timeout`` seconds (``None``: no bound)."""
-        return await async_wait_acquire(self, key, ttl, timeout=timeout, token=token, poll=poll)
+        return await async_wait_acquire(
+            self, key, ttl, timeout=timeout, token=token, poll=poll, on_waiting=on_waiting
+        )
 
     def with_lock(
         self,
@@ -355,6 +492,7 @@ class AsyncVolcanoLocks(_Base):
         wait_timeout: float | None = None,
         interrupt: bool = False,
         on_loss: Callable[[OwnershipLost], object] | None = None,
+        on_waiting: OnWaiting | None = None,
     ) -> AsyncLockContext:
         """Hold ``key`` for an ``async with`` block; yields an :class:`AsyncLockGuard`.
 
@@ -373,4 +511,5 @@ class AsyncVolcanoLocks(_Base):
             wait_timeout=wait_timeout,
             interrupt=interrupt,
             on_loss=on_loss,
+            on_waiting=on_waiting,
         )

@@ -18,10 +18,10 @@ import ctypes
 import logging
 import math
 import threading
-import time
 from types import TracebackType
 from typing import TYPE_CHECKING, Generic, Literal, Protocol, TypeVar
 
+from volcano_locks.clock import lease_clock
 from volcano_locks.errors import InvalidRequest, LockContention, OwnershipLost, VolcanoError
 from volcano_locks.models import LockLease
 from volcano_locks.protocol import validate_key, validate_request_id, validate_token, validate_ttl
@@ -32,7 +32,7 @@ from volcano_locks.renewal import (
     renewal_timeout,
     safe_window_end,
 )
-from volcano_locks.waiting import async_wait_acquire, wait_acquire
+from volcano_locks.waiting import OnWaiting, async_wait_acquire, wait_acquire
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -185,6 +185,7 @@ class LockContext:
         wait_timeout: float | None,
         interrupt: bool,
         on_loss: Callable[[OwnershipLost], object] | None,
+        on_waiting: OnWaiting | None = None,
     ) -> None:
         _check_options(key, ttl, token, request_id, on_contention, wait_timeout, on_loss)
         self._client = client
@@ -193,6 +194,7 @@ class LockContext:
         self._wait_timeout = wait_timeout
         self._interrupt = bool(interrupt)
         self._on_loss = on_loss
+        self._on_waiting = on_waiting
         self._keeper: LeaseKeeper | None = None
         self._entered = False
         self._arm = threading.Lock()
@@ -210,6 +212,7 @@ class LockContext:
                 timeout=self._wait_timeout,
                 token=self._token,
                 request_id=self._request_id,
+                on_waiting=self._on_waiting,
             )
         try:
             return client.acquire(self._key, self._ttl, token=self._token, request_id=self._request_id)
@@ -235,14 +238,14 @@ class LockContext:
         return LockGuard(self._keeper)
 
     def _ensure_window(self, lease: LockLease, timing: KeeperTiming) -> LockLease:
-        now = time.monotonic()
+        now = lease_clock()
         if not _no_window(lease, timing, now):
             return lease
         budget = min(timing.request_timeout, lease.local_deadline - timing.margin - now)
         try:
             if budget >= timing.min_attempt:
                 lease = self._client._renew_within(lease, budget)
-                if not _no_window(lease, timing, time.monotonic()):
+                if not _no_window(lease, timing, lease_clock()):
                     return lease
         except VolcanoError:
             self._release_quietly(lease)
@@ -324,6 +327,7 @@ class AsyncLockContext:
         wait_timeout: float | None,
         interrupt: bool,
         on_loss: Callable[[OwnershipLost], object] | None,
+        on_waiting: OnWaiting | None = None,
     ) -> None:
         _check_options(key, ttl, token, request_id, on_contention, wait_timeout, on_loss)
         del interrupt
@@ -332,6 +336,7 @@ class AsyncLockContext:
         self._on_contention = on_contention
         self._wait_timeout = wait_timeout
         self._on_loss = on_loss
+        self._on_waiting = on_waiting
         self._keeper: AsyncLeaseKeeper | None = None
         self._entered = False
         self._task: asyncio.Task[object] | None = None
@@ -348,6 +353,7 @@ class AsyncLockContext:
                 timeout=self._wait_timeout,
                 token=self._token,
                 request_id=self._request_id,
+                on_waiting=self._on_waiting,
             )
         try:
             return await client.acquire(self._key, self._ttl, token=self._token, request_id=self._request_id)
@@ -373,14 +379,14 @@ class AsyncLockContext:
         return AsyncLockGuard(self._keeper)
 
     async def _ensure_window(self, lease: LockLease, timing: KeeperTiming) -> LockLease:
-        now = time.monotonic()
+        now = lease_clock()
         if not _no_window(lease, timing, now):
             return lease
         budget = min(timing.request_timeout, lease.local_deadline - timing.margin - now)
         try:
             if budget >= timing.min_attempt:
                 lease = await self._client._renew_within(lease, budget)
-                if not _no_window(lease, timing, time.monotonic()):
+                if not _no_window(lease, timing, lease_clock()):
                     return lease
         except VolcanoError:
             await self._release_quietly(lease)

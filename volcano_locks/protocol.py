@@ -12,7 +12,6 @@ import json
 import logging
 import math
 import re
-import time
 import uuid
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from datetime import UTC, datetime
 from typing import TypeVar
 from urllib.parse import quote
 
+from volcano_locks.clock import lease_clock
 from volcano_locks.errors import (
     AuthError,
     InvalidRequest,
@@ -37,6 +37,7 @@ from volcano_locks.models import ABSOLUTE_LEASE_SECONDS, LockLease, LockState
 __all__ = [
     "HEADER_LOCK_TOKEN",
     "HEADER_REQUEST_ID",
+    "MAX_RETRY_AFTER",
     "MAX_TTL",
     "MIN_TTL",
     "Call",
@@ -69,6 +70,9 @@ _KEY_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 _UUID_RE = re.compile(r"[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}")
 _FRACTION_RE = re.compile(r"(\.\d{6})\d+")
 _MAX_FENCING = 2**63 - 1
+MAX_RETRY_AFTER = 60.0
+"""The longest ``Retry-After`` honoured, in seconds: the length of the quota window."""
+_SKEW_WARNING = 2.0  # seconds by which the server's expiry may undercut the local deadline silently
 
 
 @dataclass(frozen=True)
@@ -253,13 +257,17 @@ def _fencing_token(call: Call, reply: Reply, body: Mapping[str, object]) -> int:
 
 def _retry_after(headers: Mapping[str, str]) -> float | None:
     raw = headers.get("retry-after")
-    if raw is None:
+    if raw is None or len(raw) > 32:
         return None
     try:
         value = float(raw)
     except ValueError:
         return None
-    return value if math.isfinite(value) and value >= 0 else None
+    if not math.isfinite(value) or value < 0:
+        return None
+    # The quota window is one minute: no honest Retry-After is longer. A larger one (99999999, 1e308)
+    # is a broken server's, and obeying it literally would stall renewals and waits for ever.
+    return min(value, MAX_RETRY_AFTER)
 
 
 def _holder(body: Mapping[str, object]) -> LockState | None:
@@ -323,6 +331,23 @@ def error_from_reply(call: Call, reply: Reply, secrets: tuple[str, ...] = ()) ->
     )
 
 
+def local_deadline(reply: Reply, ttl: int, expires_at: datetime, absolute: float, call: Call) -> float:
+    """When the holder must consider a lease gone, on the lease clock: the earliest of the TTL from
+    when the request was sent, the server's ``expires_at`` (translated to the lease clock at the same
+    instant) and the 90-day absolute deadline. Safety over liveness: the earlier one wins."""
+    by_ttl = reply.sent_at + ttl
+    by_server = reply.sent_at + (expires_at - reply.sent_wall).total_seconds()
+    if by_server < by_ttl - _SKEW_WARNING:
+        logger.warning(
+            "%s: the server's expires_at is %.1f s earlier than the TTL says (clock skew, or the lease's "
+            "90-day cap); keeping the earlier deadline (request id %s)",
+            call.op,
+            by_ttl - by_server,
+            call.request_id,
+        )
+    return min(by_ttl, by_server, absolute)
+
+
 def _expect(call: Call, reply: Reply, status: int, secrets: tuple[str, ...]) -> None:
     if reply.status != status:
         raise error_from_reply(call, reply, secrets)
@@ -338,7 +363,7 @@ def acquire_flow(
     token: str | None,
     request_id: str | None,
     secrets: tuple[str, ...] = (),
-    clock: Callable[[], float] = time.monotonic,
+    clock: Callable[[], float] = lease_clock,
 ) -> Flow[LockLease]:
     """Acquire ``key``; retried exactly once, same call, on a transport failure or a 503."""
     key = validate_key(key)
@@ -363,14 +388,15 @@ def acquire_flow(
         _expect(call, reply, 201, secrets)
         body = _object(call, reply)
         absolute = started + ABSOLUTE_LEASE_SECONDS
+        expires_at = _expires_at(call, reply, body)
         return LockLease(
             key=key,
             token=token,
-            expires_at=_expires_at(call, reply, body),
+            expires_at=expires_at,
             fencing_token=_fencing_token(call, reply, body),
             ttl=ttl,
             acquired_at=reply.sent_wall,
-            local_deadline=min(reply.sent_at + ttl, absolute),
+            local_deadline=local_deadline(reply, ttl, expires_at, absolute, call),
             absolute_deadline=absolute,
         )
     raise AssertionError("unreachable")  # pragma: no cover
@@ -403,14 +429,15 @@ def renew_flow(
     _expect(call, reply, 200, (*secrets, lease.token))
     body = _object(call, reply)
     fence = _fencing_token(call, reply, body) if "fencing_token" in body else lease.fencing_token
+    expires_at = _expires_at(call, reply, body)
     return LockLease(
         key=key,
         token=lease.token,
-        expires_at=_expires_at(call, reply, body),
+        expires_at=expires_at,
         fencing_token=fence,
         ttl=ttl,
         acquired_at=lease.acquired_at,
-        local_deadline=min(reply.sent_at + ttl, lease.absolute_deadline),
+        local_deadline=local_deadline(reply, ttl, expires_at, lease.absolute_deadline, call),
         absolute_deadline=lease.absolute_deadline,
     )
 

@@ -7,11 +7,13 @@ Both take their clock and their waits as arguments, so timing tests run in micro
 
 Timing, for a lease whose successful request was sent at ``s`` with TTL ``t``:
 
-* ``local_deadline = min(s + t, absolute_deadline)``: after it the holder must assume the lease is gone.
+* ``local_deadline = min(s + t, s + (expires_at - wall clock at s), absolute_deadline)`` on the lease
+  clock (:mod:`volcano_locks.clock`, which keeps counting while the machine sleeps): after it the holder
+  must assume the lease is gone. The server's ``expires_at`` wins when it is the earlier one.
 * the *safe window* ends at ``local_deadline - margin (1 s) - request_timeout``: the last moment a renewal
   can start and still reach the server, even after a full request timeout, a second before expiry
   (the contract's "renew must arrive 1 s early").
-* a renewal is due at ``s + t/3 * (1 ± 10 %)``, never after the safe window ends.
+* a renewal is due at ``s + min(t/3, 60 s) * (1 ± 10 %)``, never after the safe window ends.
 * the renewal request timeout is ``min(client timeout, t/3)`` so that short TTLs keep a safe window.
 * transient failures (no response, 503, 429 with ``Retry-After``) are retried with jittered exponential
   backoff (or exactly ``Retry-After``) while an attempt can still finish before ``local_deadline - margin``.
@@ -26,10 +28,10 @@ import asyncio
 import logging
 import random
 import threading
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from volcano_locks.clock import lease_clock
 from volcano_locks.errors import OwnershipLost, RateLimited, TransportError, Unavailable, VolcanoError
 from volcano_locks.models import LockLease
 
@@ -43,11 +45,15 @@ __all__ = [
     "Wait",
     "backoff_delay",
     "renewal_due",
+    "renewal_interval",
     "renewal_timeout",
     "safe_window_end",
 ]
 
 logger = logging.getLogger("volcano_locks.renewal")
+
+MAX_RENEWAL_INTERVAL = 60.0
+"""Renew at least this often (seconds), whatever the TTL."""
 
 LOSS_LOCAL_DEADLINE = "local_deadline_passed"
 LOSS_RENEWAL_STALLED = "renewal_stalled"
@@ -79,6 +85,15 @@ def safe_window_end(lease: LockLease, timing: KeeperTiming) -> float:
     return lease.local_deadline - timing.margin - timing.request_timeout
 
 
+def renewal_interval(ttl: int) -> float:
+    """Seconds between renewals: a third of the TTL, but at least once a minute.
+
+    A long-TTL lease that was lost (force released, taken over after a stall) is noticed within about
+    a minute, as Volcano's own Python SDK does; it costs a long-TTL holder one request a minute.
+    """
+    return min(ttl / 3, MAX_RENEWAL_INTERVAL)
+
+
 def renewal_due(lease: LockLease, timing: KeeperTiming, draw: float) -> float:
     """When to renew ``lease``: a third of its TTL after it was sent, jittered by ``draw`` in [0, 1).
 
@@ -86,7 +101,7 @@ def renewal_due(lease: LockLease, timing: KeeperTiming, draw: float) -> float:
     which is what clamps a lease whose TTL was cut short by the 90-day absolute deadline.
     """
     sent = lease.local_deadline - lease.ttl
-    nominal = sent + lease.ttl / 3 * (1 + timing.jitter * (2 * draw - 1))
+    nominal = sent + renewal_interval(lease.ttl) * (1 + timing.jitter * (2 * draw - 1))
     return min(nominal, safe_window_end(lease, timing))
 
 
@@ -338,7 +353,7 @@ class LeaseKeeper(_KeeperBase):
         *,
         timing: KeeperTiming,
         on_loss: Callable[[OwnershipLost], object] | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = lease_clock,
         wait: Callable[[threading.Event, float], bool] = _event_wait,
         spawn: Callable[[Callable[[], None], str], None] = _thread_spawn,
         rng: Callable[[], float] = random.random,
@@ -443,7 +458,7 @@ class AsyncLeaseKeeper(_KeeperBase):
         *,
         timing: KeeperTiming,
         on_loss: Callable[[OwnershipLost], object] | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = lease_clock,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         rng: Callable[[], float] = random.random,
     ) -> None:

@@ -1,32 +1,51 @@
-"""``wait_acquire``: wait out contention, spending the project's request budget deliberately.
+"""The one wait engine: ``wait_acquire`` for the core clients, the Airflow trigger and Prefect alike.
 
-Policy (:func:`poll_delay`): between attempts a waiter sleeps about ``poll`` seconds (±20 % jitter), no
-longer than the holder's ``expires_at`` plus the server's 1 s takeover grace (from a ``get``, or from a
-409 body when the server includes it), never less than a floor (0.25 s), and exactly ``Retry-After``
-after a 429. The waiter keeps one ownership token for all its attempts, so an acquisition whose
-outcome was uncertain (no response twice) is recovered by the next attempt with the same token.
+A waiter wants a held lock. Every request it makes is paid from the project's 600 a minute, so the
+engine spends deliberately:
 
-Sharing: waiters on the same key in one process (sync) or one event loop (async) share one poll
-(:class:`SharedPolls`): per interval one of them sends the ``get`` and all read its answer, and when the
-lock is free only one waiter at a time tries to ``acquire``. N waiters therefore cost one request per
-interval, not N; ``requests_sent`` on each client shows who paid.
+* **One poll per key.** Waiters on the same key in one process (sync: every thread; async: one event
+  loop) queue first come, first served behind one *head*. Only the head looks at the lock, and when
+  it is free only the head acquires, with its own ownership token and TTL: one release wakes one
+  waiter, not the herd. When the head leaves (acquired, timed out, cancelled), the next one takes over
+  the key's knowledge (holder, backoff) and carries on.
+* **Backoff, informed by the server.** The first attempt goes straight to ``acquire`` (an uncontended
+  lock costs one request). While the lock stays held, the head looks (``get``) after ``poll`` seconds,
+  then ``factor`` times longer each time up to ``cap`` (jittered ±20 %). When the holder's ``expires_at``
+  comes sooner and the holder is *not* seen renewing (its expiry did not move since the last look), the
+  look is moved to ``expires_at`` plus the server's one-second takeover grace: a crashed holder is taken
+  over on time, a renewing one is not polled at its (ever-moving) expiry. See :func:`poll_delay`.
+* **Governed.** Every look and attempt draws from the process's waiting budget in
+  :class:`volcano_locks.governor.Governor`, shared by every key and waiter of the credential and
+  handed out in order, so a process waiting on 1,000 keys costs what one waiting on 10 does (its keys
+  are simply looked at less often). After a 429 anywhere in the process, looks stop until
+  ``Retry-After`` has passed.
+* **Woken, not only polling.** :func:`wake` makes the heads waiting on a key try to acquire at once.
+  The clients call it when they release a lock in this process; integrations call it when they are
+  told of a release elsewhere (Prefect events). Polling stays as the safety net.
+
+The engine's decisions are one sans-I/O generator (:func:`_wait_flow`) that yields "block until" and
+"send" steps; :func:`wait_acquire` drives it with threads and :func:`async_wait_acquire` with asyncio.
+The waiter keeps one ownership token for all its attempts, so an acquisition whose outcome was
+uncertain (no answer twice, or 503s) is recovered by the next attempt with the same token and request id.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import random
 import threading
-import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
+from volcano_locks.clock import lease_clock
 from volcano_locks.errors import (
     InvalidRequest,
     LockContention,
@@ -36,96 +55,204 @@ from volcano_locks.errors import (
     VolcanoError,
     WaitTimeout,
 )
+from volcano_locks.governor import Governor
 from volcano_locks.models import LockLease, LockState
 from volcano_locks.protocol import new_request_id, validate_key, validate_token, validate_ttl
 
 if TYPE_CHECKING:
     from volcano_locks.client import AsyncVolcanoLocks, VolcanoLocks
 
-__all__ = ["FLOOR", "GRACE", "SharedPolls", "async_wait_acquire", "poll_delay", "wait_acquire"]
+__all__ = [
+    "FLOOR",
+    "GRACE",
+    "OnWaiting",
+    "SharedPolls",
+    "WaitPolicy",
+    "async_wait_acquire",
+    "poll_delay",
+    "wait_acquire",
+    "wake",
+]
 
 logger = logging.getLogger("volcano_locks.waiting")
 
 FLOOR = 0.25
-"""The shortest sleep between two attempts, in seconds."""
+"""The shortest sleep between two looks at one key, in seconds."""
 GRACE = 1.0
 """The server's takeover grace after ``expires_at``, in seconds."""
 
+OnWaiting = Callable[[LockState | None, float], object]
+"""``on_waiting(holder, waited_seconds)``: called when a wait starts and about every minute after."""
+
+
+@dataclass(frozen=True)
+class WaitPolicy:
+    """How often a waiting key is looked at (see the module docstring for the arithmetic).
+
+    Attributes:
+        poll: Seconds before the first look after a refused attempt.
+        factor: Each look that finds the lock still held waits this many times longer, ...
+        cap: ... up to this many seconds (never below ``poll``).
+        report_every: Seconds between ``on_waiting`` reports.
+    """
+
+    poll: float = 1.0
+    factor: float = 1.6
+    cap: float = 20.0
+    report_every: float = 60.0
+
+    def grown(self, delay: float) -> float:
+        """The delay after ``delay``: multiplied by ``factor``, capped."""
+        return min(max(self.cap, self.poll), delay * self.factor)
+
 
 def poll_delay(
-    holder: LockState | None, *, poll: float, now: datetime, draw: float, floor: float = FLOOR
+    holder: LockState | None,
+    *,
+    poll: float,
+    now: datetime,
+    draw: float,
+    floor: float = FLOOR,
+    renewing: bool = False,
 ) -> float:
     """Seconds to sleep before the next look: jittered ``poll``, cut to the holder's expiry + grace.
 
     Args:
         holder: What is known of the current holder (``None``: nothing).
-        poll: The nominal interval.
+        poll: The current interval (the backoff).
         now: The current wall-clock time (aware UTC), to compare with ``holder.expires_at``.
         draw: A uniform [0, 1) draw for jitter.
         floor: The lower bound.
+        renewing: The holder was seen renewing (its expiry moved): its expiry says nothing about when
+            the lock will be free, so the delay is not cut to it.
     """
     delay = poll * (0.8 + 0.4 * draw)
-    if holder is not None and holder.expires_at is not None:
+    if holder is not None and holder.expires_at is not None and not renewing:
         # A little spread past the grace keeps waiters in different processes from arriving together.
         until_free = (holder.expires_at - now).total_seconds() + GRACE + 0.2 * draw
         delay = min(delay, until_free)
     return max(floor, delay)
 
 
-@dataclass
-class _Shared:
-    """One key's poll, shared by the waiters of a scope."""
-
-    turn: object
-    next_check_at: float = 0.0
-    last_state: LockState | None = None
-    users: int = 0
+class _Signal(Protocol):
+    def set(self) -> None: ...
 
 
-@dataclass
+class _ThreadSignal:
+    def __init__(self) -> None:
+        self.event = threading.Event()
+
+    def set(self) -> None:
+        self.event.set()
+
+
+class _LoopSignal:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.event = asyncio.Event()
+
+    def set(self) -> None:
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody is waiting any more
+            self.loop.call_soon_threadsafe(self.event.set)
+
+
+@dataclass(eq=False)
 class _Waiter:
     key: str
     ttl: int
-    token: str
-    poll: float
+    token: str = field(repr=False)
     request_id: str | None
-    direct: bool = True  # acquire without a get first: the first try, and after an uncertain acquisition
+    signal: _Signal
+    first: bool = True  # the very first attempt: straight to acquire, not held by a 429 blackout
+    direct: bool = True  # acquire without a look first: the first try, and after an uncertain one
+    op: str | None = None  # the request the reservation below is for
+    slot: float | None = None  # lease-clock time the reserved request may be sent
+    priority: bool = False
+
+
+@dataclass(eq=False)
+class _KeyWait:
+    """One key's queue of waiters and what they know about the lock (shared by its waiters)."""
+
+    key: str
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    waiters: deque[_Waiter] = field(default_factory=deque)
     holder: LockState | None = None
-    rng: Callable[[], float] = field(default=random.random)
+    renewing: bool = False
+    delay: float | None = None
+    next_look_at: float = -math.inf
+    free_seen: bool = False
+    woken: bool = False
+
+    def head(self) -> _Waiter | None:
+        with self.lock:
+            return self.waiters[0] if self.waiters else None
+
+    def wake_head(self) -> bool:
+        with self.lock:
+            self.woken = True
+            head = self.waiters[0] if self.waiters else None
+        if head is not None:
+            head.signal.set()
+        return head is not None
+
+    def leave(self, waiter: _Waiter) -> None:
+        with self.lock:
+            was_head = bool(self.waiters) and self.waiters[0] is waiter
+            if waiter in self.waiters:
+                self.waiters.remove(waiter)
+            head = self.waiters[0] if self.waiters else None
+        if was_head and head is not None:
+            head.signal.set()
+
+    def seen_held(self, state: LockState) -> None:
+        old = self.holder
+        self.renewing = (
+            old is not None
+            and old.fencing_token is not None
+            and old.fencing_token == state.fencing_token
+            and old.expires_at is not None
+            and state.expires_at is not None
+            and state.expires_at > old.expires_at
+        )
+        self.holder = state
+        self.free_seen = False
 
 
 class SharedPolls:
-    """Registry of shared per-key polls, scoped by ``(scope, API URL, SHA-256 of the service key, lock key)``.
+    """Registry of the per-key queues, scoped by ``(scope, API URL, credential fingerprint, key)``.
 
     The scope is ``"thread"`` for sync waiters (one process) and the running event loop for async
-    waiters. Keying by URL and credential fingerprint means two clients share a poll only when the server
+    waiters. Keying by URL and credential fingerprint means waiters share a poll only when the server
     would see them as the same project asking about the same lock, which is exactly when sharing is
-    safe; unrelated clients (another URL, another key) never share. Several clients built from one
-    connection (e.g. many Airflow triggers in one triggerer, each with its own ``AsyncVolcanoLocks``)
-    do share, which is the point. An entry lives only while waiters use it, and each round is sent with
-    the client of the waiter that runs it, so no client is kept alive by the registry.
+    safe. Several clients built from one connection (many Airflow triggers in one triggerer, each with
+    its own client) do share, which is the point. An entry lives only while waiters use it.
     """
 
     _guard: ClassVar[threading.Lock] = threading.Lock()
-    _entries: ClassVar[dict[tuple[object, ...], _Shared]] = {}
+    _entries: ClassVar[dict[tuple[object, str, str, str], _KeyWait]] = {}
+    _users: ClassVar[dict[tuple[object, str, str, str], int]] = {}
 
     @classmethod
     @contextmanager
-    def join(cls, scope: object, api_url: str, credential_id: str, key: str) -> Iterator[_Shared]:
-        """Use the shared poll of this scope and key for the duration of the block."""
-        ident = (scope, api_url, credential_id, key)
+    def join(cls, scope: object, api_url: str, credential_id: str, waiter: _Waiter) -> Iterator[_KeyWait]:
+        """Queue ``waiter`` on its key's shared poll for the duration of the block."""
+        ident = (scope, api_url, credential_id, waiter.key)
         with cls._guard:
-            shared = cls._entries.get(ident)
-            if shared is None:
-                turn: object = threading.Lock() if scope == "thread" else asyncio.Lock()
-                shared = cls._entries[ident] = _Shared(turn=turn)
-            shared.users += 1
+            entry = cls._entries.get(ident)
+            if entry is None:
+                entry = cls._entries[ident] = _KeyWait(waiter.key)
+            cls._users[ident] = cls._users.get(ident, 0) + 1
+        with entry.lock:
+            entry.waiters.append(waiter)
         try:
-            yield shared
+            yield entry
         finally:
+            entry.leave(waiter)
             with cls._guard:
-                shared.users -= 1
-                if shared.users == 0:
+                cls._users[ident] -= 1
+                if cls._users[ident] == 0:
+                    del cls._users[ident]
                     cls._entries.pop(ident, None)
 
     @classmethod
@@ -133,6 +260,55 @@ class SharedPolls:
         """How many keys currently have a shared poll (for tests and diagnostics)."""
         with cls._guard:
             return len(cls._entries)
+
+    @classmethod
+    def matching(cls, key: str, api_url: str | None, credential_id: str | None) -> list[_KeyWait]:
+        """The queues waiting on ``key`` (of that API URL and credential, where given)."""
+        with cls._guard:
+            return [
+                entry
+                for (_, url, cred, k), entry in cls._entries.items()
+                if k == key
+                and (api_url is None or url == api_url)
+                and (credential_id is None or cred == credential_id)
+            ]
+
+
+def wake(key: str, *, api_url: str | None = None, credential_id: str | None = None) -> int:
+    """Make every queue in this process waiting on ``key`` try to acquire it at once.
+
+    Callable from any thread. The woken head still spends its request from the waiting budget (ahead
+    of reads) and still honours a 429's ``Retry-After``.
+
+    Args:
+        key: The lock key that was released.
+        api_url: Only waiters of this API URL (``None``: any).
+        credential_id: Only waiters of this credential fingerprint (``None``: any).
+
+    Returns:
+        How many key queues had a waiter to wake.
+    """
+    woken = sum(1 for entry in SharedPolls.matching(key, api_url, credential_id) if entry.wake_head())
+    if woken:
+        logger.debug("woke %d waiting queue(s) for lock %r", woken, key)
+    return woken
+
+
+@dataclass(frozen=True)
+class _Block:
+    """Wait until the lease-clock time ``until``, or until the waiter's signal is set."""
+
+    until: float
+
+
+@dataclass(frozen=True)
+class _Send:
+    """Send ``op`` (``"get"`` or ``"acquire"``); the outcome (result or ``VolcanoError``) comes back."""
+
+    op: str
+
+
+_Step = _Block | _Send
 
 
 def _check(key: str, ttl: int, timeout: float | None, token: str | None, poll: float) -> str:
@@ -149,66 +325,172 @@ def _check(key: str, ttl: int, timeout: float | None, token: str | None, poll: f
     return str(uuid.uuid4()) if token is None else validate_token(token)
 
 
-def _defer(shared: _Shared, delay: float) -> None:
-    shared.next_check_at = time.monotonic() + delay
+def _wait_flow(
+    entry: _KeyWait,
+    waiter: _Waiter,
+    governor: Governor,
+    policy: WaitPolicy,
+    timeout: float | None,
+    on_waiting: OnWaiting | None,
+    clock: Callable[[], float],
+    rng: Callable[[], float],
+) -> Generator[_Step, object, LockLease]:
+    """The engine's decisions for one waiter: yields steps, receives outcomes, returns the lease."""
+    started = clock()
+    deadline = None if timeout is None else started + timeout
+    next_report: float | None = None  # set at the first refusal: that is when waiting starts
+    try:
+        while True:
+            now = clock()
+            if not waiter.first and deadline is not None and now >= deadline:
+                raise WaitTimeout(
+                    f"lock {waiter.key!r} still held after waiting {timeout:g} s",
+                    code="wait_timeout",
+                    holder=entry.holder,
+                )
+            if next_report is not None and now >= next_report:
+                next_report = now + policy.report_every
+                if on_waiting is not None:
+                    on_waiting(entry.holder, now - started)
+            horizon = min((t for t in (deadline, next_report) if t is not None), default=math.inf)
+            is_head = entry.head() is waiter
+            if not is_head and not waiter.first:  # a newcomer's first attempt does not queue
+                yield _Block(horizon)
+                continue
+            with entry.lock:
+                informed = is_head and (entry.woken or entry.free_seen)
+            if waiter.slot is not None and informed and waiter.op == "get":
+                governor.refund()  # told the lock is free: acquire ahead of the read that was booked
+                waiter.slot = None
+            if waiter.slot is None:
+                if not (waiter.direct or informed) and now < entry.next_look_at:
+                    yield _Block(min(entry.next_look_at, horizon))
+                    continue
+                waiter.op = "acquire" if waiter.direct or informed else "get"
+                waiter.priority = informed
+                waiter.slot = governor.reserve(priority=informed, honour_blackout=not waiter.first)
+            if now < waiter.slot:
+                yield _Block(min(waiter.slot, horizon))
+                continue
+            op, waiter.slot = waiter.op, None
+            if is_head:
+                with entry.lock:
+                    entry.woken = False
+            if op == "acquire" and waiter.request_id is None:
+                waiter.request_id = new_request_id()
+            outcome = yield _Send(op or "get")
+            first, waiter.first = waiter.first, False
+            lease = _settle(entry, waiter, op or "get", outcome, governor, policy, clock(), rng, is_head)
+            if lease is not None:
+                if not first:
+                    logger.info(
+                        "acquired lock %r after waiting %.1f s (fencing token %d)",
+                        waiter.key,
+                        clock() - started,
+                        lease.fencing_token,
+                    )
+                return lease
+            if next_report is None and entry.holder is not None:
+                next_report = clock() + policy.report_every
+                if on_waiting is not None:
+                    on_waiting(entry.holder, clock() - started)
+    finally:
+        if waiter.slot is not None:
+            governor.refund()
+            waiter.slot = None
 
 
-def _round(shared: _Shared, waiter: _Waiter) -> Generator[str, object, LockLease | None]:
-    """One look at the lock: yields ``"get"``/``"acquire"``, receives the result or the error raised."""
-    now = datetime.now(UTC)
-    if not waiter.direct:
-        outcome = yield "get"
-        if isinstance(outcome, LockState):
-            shared.last_state = waiter.holder = outcome
-            if outcome.held:
-                _defer(shared, poll_delay(outcome, poll=waiter.poll, now=now, draw=waiter.rng()))
-                return None
-        else:
-            _failed(shared, waiter, outcome, now)
-            return None
-    outcome = yield "acquire"
+def _settle(
+    entry: _KeyWait,
+    waiter: _Waiter,
+    op: str,
+    outcome: object,
+    governor: Governor,
+    policy: WaitPolicy,
+    now: float,
+    rng: Callable[[], float],
+    is_head: bool,
+) -> LockLease | None:
+    """Fold one outcome into the key's knowledge; return the lease if the waiter got it.
+
+    Only the head moves the key's schedule (its backoff and next look); a newcomer's first attempt
+    adds what it learnt of the holder.
+    """
+    wall = datetime.now(UTC)
+    delay = policy.poll if entry.delay is None else entry.delay
+
+    def look_later(holder: LockState | None) -> None:
+        if not is_head:
+            return
+        entry.next_look_at = now + poll_delay(
+            holder, poll=delay, now=wall, draw=rng(), renewing=entry.renewing
+        )
+        entry.delay = policy.grown(delay)
+
     if isinstance(outcome, LockLease):
         waiter.direct = False
         waiter.request_id = None
-        _defer(shared, poll_delay(None, poll=waiter.poll, now=now, draw=waiter.rng()))
+        with entry.lock:
+            entry.holder = LockState(True, outcome.expires_at, outcome.fencing_token)
+            entry.renewing = False
+            entry.free_seen = False
+            entry.delay = None
+        entry.next_look_at = now + poll_delay(None, poll=policy.poll, now=wall, draw=rng())
         return outcome
-    # Uncertain (no answer twice, or 503s): the next try goes straight to acquire with the same token and
-    # request id, which recovers the lease if the server did grant it. Anything else was a definite answer.
-    waiter.direct = isinstance(outcome, TransportError | Unavailable)
-    if not waiter.direct:
-        waiter.request_id = None
-    if isinstance(outcome, LockContention):
-        shared.last_state = waiter.holder = outcome.holder or shared.last_state or LockState(held=True)
-        _defer(shared, poll_delay(outcome.holder, poll=waiter.poll, now=now, draw=waiter.rng()))
+    if isinstance(outcome, LockState):
+        if outcome.held:
+            entry.seen_held(outcome)
+            look_later(outcome)
+        else:
+            entry.holder, entry.free_seen = outcome, True
         return None
-    _failed(shared, waiter, outcome, now)
-    return None
-
-
-def _failed(shared: _Shared, waiter: _Waiter, outcome: object, now: datetime) -> None:
+    if isinstance(outcome, LockContention):  # OwnershipLost too: our own lapsed lease, not yet free
+        waiter.direct = False
+        waiter.request_id = None
+        state = outcome.holder or entry.holder or LockState(held=True)
+        entry.seen_held(state)
+        look_later(state)
+        return None
     if isinstance(outcome, RateLimited):
-        delay = outcome.retry_after
-        if delay is None:
-            delay = poll_delay(None, poll=waiter.poll, now=now, draw=waiter.rng())
+        waiter.direct = False  # a definite answer: the next try looks first
+        waiter.request_id = None
+        pause = outcome.retry_after if outcome.retry_after is not None else delay
+        entry.next_look_at = max(entry.next_look_at, now + pause, governor.blocked_until)
         logger.info(
-            "wait_acquire rate limited; next look in %.2f s (request id %s)", delay, outcome.request_id
+            "waiting for lock %r was rate limited; next look in %.1f s (request id %s)",
+            waiter.key,
+            entry.next_look_at - now,
+            outcome.request_id,
         )
-        _defer(shared, delay)
-        return
+        return None
     if isinstance(outcome, TransportError | Unavailable):
-        logger.warning("wait_acquire look failed (%s); trying again", outcome)
-        _defer(shared, poll_delay(None, poll=waiter.poll, now=now, draw=waiter.rng()))
-        return
+        # Uncertain: the next try goes straight to acquire with the same token and request id, which
+        # recovers the lease if the server did grant it.
+        waiter.direct = op == "acquire" or waiter.direct
+        logger.warning("waiting for lock %r: %s; trying again", waiter.key, outcome)
+        look_later(entry.holder)
+        return None
     if isinstance(outcome, BaseException):
         raise outcome
-    raise TypeError(f"unexpected round outcome {type(outcome).__name__}")  # pragma: no cover
+    raise TypeError(f"unexpected wait outcome {type(outcome).__name__}")  # pragma: no cover
 
 
-def _timeout(waiter: _Waiter, shared: _Shared, timeout: float | None) -> WaitTimeout:
-    return WaitTimeout(
-        f"lock still held after waiting {timeout:g} s",
-        code="wait_timeout",
-        holder=shared.last_state or waiter.holder,
+def _new_waiter(
+    key: str,
+    ttl: int,
+    timeout: float | None,
+    token: str | None,
+    poll: float,
+    request_id: str | None,
+    signal: _Signal,
+) -> _Waiter:
+    return _Waiter(key, ttl, _check(key, ttl, timeout, token, poll), request_id, signal)
+
+
+def _policy(poll: float, policy: WaitPolicy | None) -> WaitPolicy:
+    base = policy or WaitPolicy()
+    return WaitPolicy(
+        poll=float(poll), factor=base.factor, cap=max(base.cap, float(poll)), report_every=base.report_every
     )
 
 
@@ -221,59 +503,64 @@ def wait_acquire(
     token: str | None = None,
     poll: float = 1.0,
     request_id: str | None = None,
+    on_waiting: OnWaiting | None = None,
+    policy: WaitPolicy | None = None,
 ) -> LockLease:
     """Acquire ``key`` with ``client``, waiting out contention up to ``timeout`` seconds (sync).
+
+    Args:
+        client: The client whose credential and connection pool the waiter uses.
+        key: The lock key.
+        ttl: The lease TTL in seconds.
+        timeout: Give up after this many seconds (``None``: no bound; ``0``: one attempt).
+        token: The ownership token for every attempt (generated when ``None``).
+        poll: Seconds before the first look; later looks back off (see :class:`WaitPolicy`).
+        request_id: Request id for the first acquisition.
+        on_waiting: Called with the last holder seen and the seconds waited, when the wait starts
+            and every ``policy.report_every`` seconds after.
+        policy: The backoff (``poll`` overrides its first interval).
 
     Raises:
         WaitTimeout: Still held when the timeout ran out; ``holder`` is the last state seen.
     """
-    waiter = _Waiter(key, ttl, _check(key, ttl, timeout, token, poll), float(poll), request_id)
-    deadline = None if timeout is None else time.monotonic() + timeout
-    with SharedPolls.join("thread", client.api_url, client.credential_id, key) as shared:
-        turn = shared.turn
-        assert isinstance(turn, type(threading.Lock()))
-        lease = _drive_sync(client, _round(shared, waiter), waiter)  # the first try goes straight to acquire
-        if lease is not None:
-            return lease
-        while True:
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                raise _timeout(waiter, shared, timeout)
-            if not turn.acquire(timeout=-1 if remaining is None else remaining):
-                continue
-            try:
-                wait_for = shared.next_check_at - time.monotonic()
-                if wait_for <= 0:
-                    lease = _drive_sync(client, _round(shared, waiter), waiter)
-                    if lease is not None:
-                        return lease
+    signal = _ThreadSignal()
+    waiter = _new_waiter(key, ttl, timeout, token, poll, request_id, signal)
+    with SharedPolls.join("thread", client.api_url, client.credential_id, waiter) as entry:
+        flow = _wait_flow(
+            entry,
+            waiter,
+            client.governor,
+            _policy(poll, policy),
+            timeout,
+            on_waiting,
+            lease_clock,
+            random.random,
+        )
+        try:
+            step = next(flow)
+            while True:
+                if isinstance(step, _Block):
+                    remaining = step.until - lease_clock()
+                    if remaining > 0:
+                        signal.event.wait(remaining if math.isfinite(remaining) else None)
+                    signal.event.clear()
+                    step = flow.send(None)
                     continue
-            finally:
-                turn.release()
-            time.sleep(wait_for if remaining is None else max(0.0, min(wait_for, remaining)))
-
-
-def _drive_sync(
-    client: VolcanoLocks, flow: Generator[str, object, LockLease | None], waiter: _Waiter
-) -> LockLease | None:
-    try:
-        step = next(flow)
-        while True:
-            outcome: object
-            try:
-                if step == "get":
-                    outcome = client.get(waiter.key)
-                else:
-                    waiter.request_id = waiter.request_id or new_request_id()
-                    outcome = client.acquire(
-                        waiter.key, waiter.ttl, token=waiter.token, request_id=waiter.request_id
-                    )
-            except VolcanoError as exc:
-                outcome = exc
-            step = flow.send(outcome)
-    except StopIteration as stop:
-        result: LockLease | None = stop.value
-        return result
+                outcome: object
+                try:
+                    client.governor.note_waiting()
+                    if step.op == "get":
+                        outcome = client.get(key)
+                    else:
+                        outcome = client.acquire(key, ttl, token=waiter.token, request_id=waiter.request_id)
+                except VolcanoError as exc:
+                    outcome = exc
+                step = flow.send(outcome)
+        except StopIteration as stop:
+            lease: LockLease = stop.value
+            return lease
+        finally:
+            flow.close()
 
 
 async def async_wait_acquire(
@@ -285,66 +572,61 @@ async def async_wait_acquire(
     token: str | None = None,
     poll: float = 1.0,
     request_id: str | None = None,
+    on_waiting: OnWaiting | None = None,
+    policy: WaitPolicy | None = None,
 ) -> LockLease:
     """Acquire ``key`` with ``client``, waiting out contention up to ``timeout`` seconds (cancellable).
 
-    A cancellation that lands while an acquisition is in flight lets that request finish in the
-    background and releases the lease if it was granted (best effort: the client must stay open).
+    Same arguments as :func:`wait_acquire`. A cancellation that lands while an acquisition is in
+    flight lets that request finish in the background and releases the lease if it was granted (best
+    effort: the client must stay open).
 
     Raises:
         WaitTimeout: Still held when the timeout ran out; ``holder`` is the last state seen.
     """
-    waiter = _Waiter(key, ttl, _check(key, ttl, timeout, token, poll), float(poll), request_id)
-    deadline = None if timeout is None else time.monotonic() + timeout
-    loop = asyncio.get_running_loop()
-    with SharedPolls.join(loop, client.api_url, client.credential_id, key) as shared:
-        turn = shared.turn
-        assert isinstance(turn, asyncio.Lock)
-        lease = await _drive_async(
-            client, _round(shared, waiter), waiter
-        )  # the first try goes straight to acquire
-        if lease is not None:
-            return lease
-        while True:
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                raise _timeout(waiter, shared, timeout)
-            try:
-                async with asyncio.timeout(remaining):
-                    await turn.acquire()
-            except TimeoutError:
-                continue
-            try:
-                wait_for = shared.next_check_at - time.monotonic()
-                if wait_for <= 0:
-                    lease = await _drive_async(client, _round(shared, waiter), waiter)
-                    if lease is not None:
-                        return lease
+    signal = _LoopSignal(asyncio.get_running_loop())
+    waiter = _new_waiter(key, ttl, timeout, token, poll, request_id, signal)
+    scope = asyncio.get_running_loop()
+    with SharedPolls.join(scope, client.api_url, client.credential_id, waiter) as entry:
+        flow = _wait_flow(
+            entry,
+            waiter,
+            client.governor,
+            _policy(poll, policy),
+            timeout,
+            on_waiting,
+            lease_clock,
+            random.random,
+        )
+        try:
+            step = next(flow)
+            while True:
+                if isinstance(step, _Block):
+                    remaining = step.until - lease_clock()
+                    if remaining > 0:
+                        try:
+                            async with asyncio.timeout(remaining if math.isfinite(remaining) else None):
+                                await signal.event.wait()
+                        except TimeoutError:
+                            pass
+                    signal.event.clear()
+                    step = flow.send(None)
                     continue
-            finally:
-                turn.release()
-            await asyncio.sleep(wait_for if remaining is None else max(0.0, min(wait_for, remaining)))
-
-
-async def _drive_async(
-    client: AsyncVolcanoLocks, flow: Generator[str, object, LockLease | None], waiter: _Waiter
-) -> LockLease | None:
-    try:
-        step = next(flow)
-        while True:
-            outcome: object
-            try:
-                if step == "get":
-                    outcome = await client.get(waiter.key)
-                else:
-                    waiter.request_id = waiter.request_id or new_request_id()
-                    outcome = await _acquire_or_undo(client, waiter)
-            except VolcanoError as exc:
-                outcome = exc
-            step = flow.send(outcome)
-    except StopIteration as stop:
-        result: LockLease | None = stop.value
-        return result
+                outcome: object
+                try:
+                    client.governor.note_waiting()
+                    if step.op == "get":
+                        outcome = await client.get(key)
+                    else:
+                        outcome = await _acquire_or_undo(client, waiter)
+                except VolcanoError as exc:
+                    outcome = exc
+                step = flow.send(outcome)
+        except StopIteration as stop:
+            lease: LockLease = stop.value
+            return lease
+        finally:
+            flow.close()
 
 
 _undoing: set[asyncio.Task[None]] = set()  # strong refs so pending clean-ups are not collected mid-flight

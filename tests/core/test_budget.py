@@ -8,7 +8,8 @@ from volcano_locks.budget import holder_budget, renewals_per_minute
 
 
 @pytest.mark.parametrize(
-    ("ttl", "holders"), [(10, 33), (30, 100), (60, 200), (5, 16), (7_776_000, 25_920_000)]
+    ("ttl", "holders"),
+    [(10, 33), (30, 100), (60, 200), (5, 16), (7_776_000, 600)],  # renewed at least once a minute
 )
 def test_holders_match_the_contract_table(ttl: int, holders: int) -> None:
     assert holder_budget(ttl).holders == holders

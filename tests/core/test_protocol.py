@@ -262,7 +262,8 @@ def test_unexpected_success_status_is_a_protocol_error(flow: object, status: int
 def test_renew_keeps_fencing_token_when_omitted_and_measures_from_send() -> None:
     old = lease(sent=0.0, fencing=99)
     new, _ = run_flow(
-        protocol.renew_flow("k", old, 60, request_id=None), [reply(200, {"expires_at": EXPIRES}, sent_at=9.5)]
+        protocol.renew_flow("k", old, 60, request_id=None),
+        [reply(200, {"expires_at": "2026-11-29T10:01:00.2Z"}, sent_at=9.5)],  # 60.2 s after it was sent
     )
     assert new.fencing_token == 99
     assert (new.ttl, new.local_deadline, new.absolute_deadline) == (60, 69.5, old.absolute_deadline)
