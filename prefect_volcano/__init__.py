@@ -6,6 +6,7 @@ startup and `prefect block register -m prefect_volcano` registers the block type
 
 from prefect_volcano._context import current_lease
 from prefect_volcano._events import LOCK_EVENTS, LOCK_RESOURCE_PREFIX, lock_resource_id
+from prefect_volcano._report import is_skipped
 from prefect_volcano.credentials import VolcanoCredentials
 from prefect_volcano.locked import SKIPPED_STATE_NAME, locked_flow, locked_task
 from prefect_volcano.results import LeaseInfo, LockedResult
@@ -18,6 +19,7 @@ __all__ = [
     "LockedResult",
     "VolcanoCredentials",
     "current_lease",
+    "is_skipped",
     "lock_resource_id",
     "locked_flow",
     "locked_task",

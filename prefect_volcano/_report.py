@@ -24,10 +24,23 @@ from prefect.transactions import get_transaction
 from prefect_volcano._events import LockEvents
 from volcano_locks import LockContention, LockLease, LockState, OwnershipLost, WaitTimeout
 
-__all__ = ["SKIPPED_STATE_NAME", "LossReport", "RunReport", "Scope", "WaitReporter"]
+__all__ = ["SKIPPED_STATE_NAME", "LossReport", "RunReport", "Scope", "WaitReporter", "is_skipped"]
 
 SKIPPED_STATE_NAME = "Skipped"
 """The name of the Completed state a skipped task run or flow run ends in."""
+
+
+def is_skipped(obj: object) -> bool:
+    """Whether `obj` is what a skipped locked run ends in: a Completed state named Skipped.
+
+    Args:
+        obj: A task call's value, or any state (e.g. from `return_state=True`).
+
+    Returns:
+        True for the Skipped state; False for anything else, including a body's own value.
+    """
+    return isinstance(obj, State) and obj.is_completed() and obj.name == SKIPPED_STATE_NAME
+
 
 Log = logging.Logger | logging.LoggerAdapter[Any]
 Scope = Literal["task", "flow"]

@@ -14,7 +14,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, cast, overload
 
 from prefect import State
-from prefect.context import FlowRunContext, TaskRunContext
 from prefect.flows import Flow
 from prefect.tasks import Task
 
@@ -90,7 +89,7 @@ def _lock_function(fn: Callable[..., Any], spec: LockSpec, scope: Scope) -> Call
                 if holding.guard is not None:
                     with lease_scope(holding.guard):
                         value = await async_fn(*args, **kwargs)
-            return _outcome(holding, value, async_locked)
+            return _outcome(holding, value)
 
         wrapper: Callable[..., Any] = async_locked
     else:
@@ -103,7 +102,7 @@ def _lock_function(fn: Callable[..., Any], spec: LockSpec, scope: Scope) -> Call
                 if holding.guard is not None:
                     with lease_scope(holding.guard):
                         value = fn(*args, **kwargs)
-            return _outcome(holding, value, sync_locked)
+            return _outcome(holding, value)
 
         wrapper = sync_locked
     # Prefect derives the task key and the cache's source hash from the user's function.
@@ -111,25 +110,17 @@ def _lock_function(fn: Callable[..., Any], spec: LockSpec, scope: Scope) -> Call
     return wrapper
 
 
-def _in_own_run(holding: Holding, wrapper: Callable[..., Any]) -> bool:
-    """Whether this call is the body of its own task or flow run (not a plain call of the function)."""
-    if holding.report.scope == "task":
-        task_ctx = TaskRunContext.get()
-        return task_ctx is not None and task_ctx.task.fn is wrapper
-    flow_ctx = FlowRunContext.get()
-    return flow_ctx is not None and flow_ctx.flow is not None and flow_ctx.flow.fn is wrapper
+def _outcome(holding: Holding, value: Any) -> Any:
+    """What the wrapped function returns: the value (or a `LockedResult`), or the Skipped state.
 
-
-def _outcome(holding: Holding, value: Any, wrapper: Callable[..., Any]) -> Any:
-    """What the wrapped function returns: the value (or a `LockedResult`), or, when skipped, see below.
-
-    A skipped run's body never ran, so there is no value: inside its own task or flow run the
-    wrapper returns the Completed state named Skipped (Prefect makes it the run's final state,
-    and a call without `return_state=True` gets None from it); called as a plain function it
-    returns None. Either way the caller's value is None.
+    A skipped run's body never ran, so it has no value: the wrapper always returns the Completed
+    state named Skipped, and Prefect makes it the run's final state. What a caller then sees is
+    Prefect's rule for a returned state: a task call hands the state to its caller, a flow call
+    returns the state's result (None); `return_state=True` gives the state in both.
+    `is_skipped()` tells a skip from a value.
     """
     if holding.skipped is not None:
-        return holding.skipped if _in_own_run(holding, wrapper) else None
+        return holding.skipped
     lease = holding.lease
     if holding.spec.result == "locked_result" and lease is not None and not isinstance(value, State):
         info = lease_info(lease)

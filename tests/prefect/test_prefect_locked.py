@@ -12,9 +12,16 @@ from typing import Any
 import pytest
 from prefect import flow, task
 from prefect.cache_policies import INPUTS
-from prefect.states import State
+from prefect.states import Completed, State
 
-from prefect_volcano import SKIPPED_STATE_NAME, LockedResult, VolcanoCredentials, current_lease, locked_task
+from prefect_volcano import (
+    SKIPPED_STATE_NAME,
+    LockedResult,
+    VolcanoCredentials,
+    current_lease,
+    is_skipped,
+    locked_task,
+)
 from volcano_locks import InvalidRequest, LockContention, OwnershipLost, VolcanoLocks, WaitTimeout
 
 pytestmark = pytest.mark.usefixtures("volcano_env")
@@ -520,3 +527,104 @@ def test_outside_a_run_logs_go_to_the_prefect_volcano_logger(
         ("prefect_volcano", f"Acquired lock '{unique_key}'"),
         ("prefect_volcano", f"Released lock '{unique_key}'"),
     }
+
+
+def test_a_named_block_is_loaded_once_per_process(
+    unique_key: str, credentials: VolcanoCredentials, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    name = f"volcano-once-{uuid.uuid4().hex[:8]}"
+    credentials.save(name)
+    for var in ("VOLCANO_API_URL", "VOLCANO_SERVICE_KEY", "VOLCANO_ANON_KEY"):
+        monkeypatch.delenv(var, raising=False)
+
+    @task
+    @locked_task(unique_key, credentials=name)
+    def job() -> int:
+        return current_lease().fencing_token
+
+    @flow
+    def f() -> int:
+        return job()
+
+    first = f()
+    # Gone from the Prefect API: later runs in this process must not need it again.
+    VolcanoCredentials.delete(name)
+    assert f() > first and f() > first + 1
+
+
+def test_a_skipped_call_returns_the_skipped_state_whatever_the_call(unique_key: str) -> None:
+    @locked_task(unique_key, on_contention="skip", result="locked_result")
+    def plain() -> str:
+        return "ran"
+
+    as_task = task(plain)
+
+    @flow
+    def f() -> tuple[Any, State[Any]]:
+        return as_task(), as_task(return_state=True)
+
+    with VolcanoLocks() as holder, holder.with_lock(unique_key, 10):
+        outside = plain()
+        inside, state = f()
+    for value in (outside, inside, state):
+        assert is_skipped(value) and value.name == SKIPPED_STATE_NAME
+    assert state.result() is None
+    assert not is_skipped(None) and not is_skipped(Completed())
+
+
+@pytest.mark.parametrize(
+    ("retries", "told"), [(0, "no retries are left"), (1, "Prefect may retry it (1 left)")]
+)
+def test_the_loss_message_says_what_is_true(unique_key: str, retries: int, told: str) -> None:
+    started = threading.Event()
+
+    @task(retries=retries, retry_delay_seconds=0)
+    @locked_task(unique_key, ttl=5)
+    def job() -> str:
+        if started.is_set():
+            return "retried"
+        started.set()
+        time.sleep(20)  # blocked in C: the interrupt lands only when the sleep returns
+        return "should never complete"
+
+    states: list[State[Any]] = []
+
+    @flow
+    def f() -> None:
+        states.append(job(return_state=True))
+
+    breaker = _force_release_when(started, unique_key)
+    f()
+    breaker.join()
+    logs = run_logs(states[0])
+    assert logs.count(f"Lost ownership of lock '{unique_key}'") == 1
+    line = next(line for line in logs.splitlines() if line.startswith("Lost ownership"))
+    assert "a call blocked in C code, such as a sleep or a socket read, runs until it returns" in line
+    assert told in line and ("a retry takes a new lease" in line) == (retries > 0)
+    assert states[0].is_failed() == (retries == 0)
+
+
+def test_a_waiting_task_says_so_naming_the_holders_fencing_token(unique_key: str) -> None:
+    @task
+    @locked_task(unique_key, wait_timeout=30)
+    def patient() -> int:
+        return current_lease().fencing_token
+
+    states: list[State[Any]] = []
+
+    @flow
+    def f() -> None:
+        states.append(patient(return_state=True))
+
+    with VolcanoLocks() as holder:
+        lease = holder.acquire(unique_key, 10)
+        timer = threading.Timer(1.0, holder.release, args=(unique_key, lease))
+        timer.start()
+        f()
+        timer.join()
+    logs = run_logs(states[0])
+    waiting = (
+        f"Waiting for lock '{unique_key}', held by another run (holder's fencing token {lease.fencing_token})"
+    )
+    assert waiting in logs
+    assert logs.index(waiting) < logs.index(f"Acquired lock '{unique_key}'")
