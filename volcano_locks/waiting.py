@@ -50,6 +50,7 @@ from volcano_locks.errors import (
     InvalidRequest,
     LockContention,
     RateLimited,
+    ServerError,
     TransportError,
     Unavailable,
     VolcanoError,
@@ -463,9 +464,10 @@ def _settle(
             outcome.request_id,
         )
         return None
-    if isinstance(outcome, TransportError | Unavailable):
-        # Uncertain: the next try goes straight to acquire with the same token and request id, which
-        # recovers the lease if the server did grant it.
+    if isinstance(outcome, TransportError | Unavailable | ServerError):
+        # Uncertain (no answer, 503, another 5xx): a long wait rides it out. The next try goes straight
+        # to acquire with the same token and request id, which recovers the lease if the server did
+        # grant it.
         waiter.direct = op == "acquire" or waiter.direct
         logger.warning("waiting for lock %r: %s; trying again", waiter.key, outcome)
         look_later(entry.holder)
