@@ -19,6 +19,7 @@ TESTED = {
     "volcano_migration",
     "volcano_regional_refresh",
     "volcano_taskflow_pipeline",
+    "volcano_warehouse_swap",
 }
 
 
@@ -195,3 +196,117 @@ def test_mapped_tasks_lock_per_map_index(dagbag, volcano_conn, outside, examples
     written = {w.resource: w.fencing_token for w in FencedTable.from_env().history() if w.accepted}
     assert written == {"region:eu": results[0]["fencing_token"], "region:apac": results[2]["fencing_token"]}
     assert all(not outside.get(f"{unique_key}:{i}").held for i in range(3))  # every lease released
+
+
+# -- one lock across a task group: dags/volcano_warehouse_swap.py ------------------------------------
+
+SWAP = "volcano_warehouse_swap"
+ACQUIRE, RELEASE = "rebuild.volcano_lock_acquire", "rebuild.volcano_lock_release"
+
+
+def _swap_conf(key: str, **overrides: object) -> dict[str, object]:
+    # Every param, every time: the module's DAG object is shared and dag.test() keeps a run's conf.
+    return {"lock_key": key, "table": key, "steps": 2, "step_seconds": 0.0, "fail_at": "", **overrides}
+
+
+def _on_key(volcano_conn, key: str) -> list[tuple[str, int, str]]:
+    """The lease requests (acquire, renew, release) on ``key``: op, status, token digest."""
+    return [
+        (r["op"], r["status"], r.get("token_sha256"))
+        for r in volcano_conn.requests()
+        if r.get("path", "").endswith(f"/locks/{key}/lease")
+    ]
+
+
+def test_warehouse_swap_runs_every_task_under_one_lease_and_releases_it(
+    dagbag, volcano_conn, outside, examples_db, unique_key
+) -> None:
+    dag = dagbag.get_dag(SWAP)
+    assert dag.get_task(ACQUIRE).is_setup and dag.get_task(RELEASE).is_teardown
+    assert {t.task_id for t in dag.get_task(ACQUIRE).downstream_list} >= {"rebuild.extract"}
+    assert {t.task_id for t in dag.get_task(RELEASE).upstream_list} >= {"rebuild.swap", ACQUIRE}
+    dr = dag.test(run_conf=_swap_conf(unique_key))
+    assert _states(dr) == dict.fromkeys(
+        (ACQUIRE, "rebuild.extract", "rebuild.load", "rebuild.swap", RELEASE), "success"
+    )
+    fencing = _xcoms(dr, ACQUIRE)["return_value"]["fencing_token"]
+    assert _xcoms(dr, "rebuild.load")["volcano_lease"]["fencing_token"] == fencing
+    assert _xcoms(dr, "rebuild.swap")["return_value"] == fencing
+    writes = FencedTable.from_env().history()
+    assert [(w.resource, w.fencing_token, w.accepted) for w in writes] == [
+        (f"staging:{unique_key}", fencing, True),
+        (f"staging:{unique_key}", fencing, True),
+        (f"live:{unique_key}", fencing, True),
+    ]
+    assert not outside.get(unique_key).held  # released by the teardown
+    # One owner all along: the setup acquired, each member re-acquired the same lease, the teardown
+    # released it; the ownership token never changed.
+    ops = _on_key(volcano_conn, unique_key)
+    assert len({digest for _, _, digest in ops}) == 1
+    assert [(op, status) for op, status, _ in ops if op != "renew"] == [
+        ("acquire", 201),
+        ("acquire", 201),
+        ("acquire", 201),
+        ("release", 204),
+    ]
+    group = _xcoms(dr, ACQUIRE)["volcano_lock_group"]
+    assert set(group) == {"lock_key", "fencing_token", "acquired_at", "expires_at", "ttl", "owner"}
+    assert volcano_conn.service_key not in repr(group)
+
+
+def test_warehouse_swap_releases_the_lock_when_a_task_fails(
+    dagbag, volcano_conn, outside, examples_db, unique_key
+) -> None:
+    dr = dagbag.get_dag(SWAP).test(run_conf=_swap_conf(unique_key, fail_at="swap"))
+    states = _states(dr)
+    assert states["rebuild.swap"] == "failed" and states[RELEASE] == "success", states
+    assert dr.state == "failed"
+    assert not outside.get(unique_key).held
+    assert [w.resource for w in FencedTable.from_env().history()] == [f"staging:{unique_key}"] * 2
+    assert _on_key(volcano_conn, unique_key)[-1][:2] == ("release", 204)
+
+
+def test_warehouse_swap_a_loss_between_tasks_fails_the_tasks_still_to_run(
+    dagbag, volcano_conn, outside, examples_db, unique_key, capfd
+) -> None:
+    def force_release_once_acquired() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not outside.get(unique_key).held:
+            time.sleep(0.05)
+        outside.force_release(unique_key)  # while extract runs (it sleeps step_seconds)
+
+    threading.Thread(target=force_release_once_acquired, daemon=True).start()
+    dr = dagbag.get_dag(SWAP).test(run_conf=_swap_conf(unique_key, step_seconds=3.0))
+    states = _states(dr)
+    assert states["rebuild.extract"] == "success"
+    assert states["rebuild.load"] == "failed" and states["rebuild.swap"] == "upstream_failed", states
+    assert states[RELEASE] == "success"
+    assert FencedTable.from_env().history() == []  # nothing written after the loss
+    assert not outside.get(unique_key).held  # the new lease load's check made was given back
+    out = capfd.readouterr()
+    assert "lapsed before task 'rebuild.load' ran" in out.out + out.err
+
+
+def test_warehouse_swap_waits_deferred_for_a_holder_then_runs_under_a_newer_token(
+    dagbag, volcano_conn, outside, examples_db, unique_key
+) -> None:
+    held = outside.acquire(unique_key, 60)
+
+    def release_once_the_trigger_waits() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            refused = [r for r in _on_key(volcano_conn, unique_key) if r[:2] == ("acquire", 409)]
+            if len(refused) >= 2:  # the acquire task's own try, then the trigger's
+                break
+            time.sleep(0.2)
+        outside.release(unique_key, held)
+
+    watcher = threading.Thread(target=release_once_the_trigger_waits, daemon=True)
+    watcher.start()
+    dr = dagbag.get_dag(SWAP).test(run_conf=_swap_conf(unique_key))
+    watcher.join(5)
+    assert dr.state == "success", _states(dr)
+    fencing = _xcoms(dr, ACQUIRE)["return_value"]["fencing_token"]
+    assert fencing > held.fencing_token
+    assert {w.fencing_token for w in FencedTable.from_env().history()} == {fencing}
+    assert not outside.get(unique_key).held
