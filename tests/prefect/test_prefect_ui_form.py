@@ -1,0 +1,124 @@
+"""The Volcano Credentials block as a user meets it: the Prefect UI's create form, in a real browser.
+
+The session harness serves the API only (an ephemeral server has no UI), so this module starts a
+`prefect server start` of its own, with the UI, on a free port and a private database. Skipped, with
+the reason, where Playwright or Debian's chromium is missing (CI installs `chromium`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+CHROMIUM = Path("/usr/bin/chromium")
+SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "images"
+SERVICE_KEY = "sk-demo-not-a-real-key-7f3a9c"  # what a user types; must never show again
+
+playwright_sync = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+if not CHROMIUM.exists():
+    pytest.skip(f"no browser: {CHROMIUM} is missing (apt-get install chromium)", allow_module_level=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@pytest.fixture(scope="module")
+def prefect_ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A Prefect server with its UI; yields the base URL."""
+    home = tmp_path_factory.mktemp("prefect-ui-home")
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    env = dict(os.environ)
+    env.update(
+        PREFECT_HOME=str(home),
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PREFECT_API_DATABASE_CONNECTION_URL=f"sqlite+aiosqlite:///{home / 'prefect.db'}",
+        PREFECT_API_URL=f"{base}/api",
+        PREFECT_UI_API_URL=f"{base}/api",
+    )
+    prefect = str(Path(sys.executable).with_name("prefect"))
+    server = subprocess.Popen(
+        [prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port), "--no-services"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"{base}/api/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"prefect server did not start (exit code {server.poll()})")
+            time.sleep(0.5)
+        # The server registers installed collections' blocks at startup (prefect.collections entry point).
+        slugs = [b["slug"] for b in httpx.post(f"{base}/api/block_types/filter", json={}).json()]
+        assert "volcano-credentials" in slugs
+        yield base
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def test_create_form_fields_and_the_saved_key_is_masked(prefect_ui: str) -> None:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    with playwright_sync.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 820})
+            page.goto(f"{prefect_ui}/blocks/catalog/volcano-credentials/create", wait_until="networkidle")
+            form = page.locator("form")
+            labels = form.locator("label").all_inner_texts()
+            assert labels[:3] == ["Block Name", "API URL (Optional)", "Service key"]
+            assert "Timeout (Optional)" in labels
+            text = form.inner_text()
+            for described in (
+                "Base URL of the Volcano API",
+                "The project's service-role key; lock calls authenticate with it.",
+                "Anon key",
+                "Seconds allowed for each HTTP request to the locks API.",
+            ):
+                assert described in text
+            api_url, service_key = form.locator("textarea").nth(0), form.locator("textarea").nth(1)
+            assert api_url.input_value() == "https://api.volcano.dev"  # the default, filled in
+            page.screenshot(path=str(SCREENSHOTS / "prefect-volcano-credentials-form.png"))
+
+            form.locator("input[type=text]").first.fill("volcano")
+            api_url.fill("http://127.0.0.1:8000")
+            service_key.fill(SERVICE_KEY)
+            page.get_by_role("button", name="Create").click()
+            page.get_by_text("Block created successfully").first.wait_for(timeout=20_000)
+
+            saved = httpx.post(f"{prefect_ui}/api/block_documents/filter", json={}).json()
+            (block,) = [b for b in saved if b["name"] == "volcano"]
+            assert block["data"] == {"api_url": "http://127.0.0.1:8000", "service_key": "********"}
+
+            page.goto(f"{prefect_ui}/blocks/block/{block['id']}", wait_until="networkidle")
+            page.get_by_text("Service key").first.wait_for()
+            shown = page.locator("body").inner_text()
+            assert "Service key\n********" in shown and "http://127.0.0.1:8000" in shown
+            assert SERVICE_KEY not in page.content()
+            page.screenshot(path=str(SCREENSHOTS / "prefect-volcano-credentials-saved.png"))
+        finally:
+            browser.close()
