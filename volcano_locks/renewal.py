@@ -196,7 +196,9 @@ class RenewalSchedule:
                     _local_loss("local deadline passed before a renewal succeeded", LOSS_LOCAL_DEADLINE)
                 )
             )
-        if not _can_extend(lease):
+        if not _can_extend(lease) and lease.local_deadline - now <= MAX_RENEWAL_INTERVAL:
+            # The 90-day cap is within the minute: a renewal can neither extend the lease nor tell
+            # of a loss sooner than the deadline itself will.
             return Wait(lease.local_deadline)
         due = self._due if self._retry_at is None else self._retry_at
         if now < due:
@@ -222,6 +224,11 @@ class RenewalSchedule:
         self._retry_at = None
         self._last_error = None
         self._due = renewal_due(lease, self._timing, self._rng())
+        if not _can_extend(lease):
+            # Capped at the 90-day deadline, the lease's TTL no longer tells when it was renewed:
+            # keep checking about once a minute from now (a force release is noticed), no faster.
+            interval = renewal_interval(lease.ttl) * (1 - self._timing.jitter)
+            self._due = max(self._due, min(now + interval, safe_window_end(lease, self._timing)))
         logger.debug(
             "lease renewed, fencing token %d; next renewal in %.2f s", lease.fencing_token, self._due - now
         )

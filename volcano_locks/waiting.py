@@ -364,7 +364,7 @@ def _wait_flow(
                 governor.refund()  # told the lock is free: acquire ahead of the read that was booked
                 waiter.slot = None
             if waiter.slot is None:
-                if not (waiter.direct or informed) and now < entry.next_look_at:
+                if not (waiter.first or informed) and now < entry.next_look_at:
                     yield _Block(min(entry.next_look_at, horizon))
                     continue
                 waiter.op = "acquire" if waiter.direct or informed else "get"

@@ -1,0 +1,282 @@
+"""The request governor and the wait engine's decisions, with an injected clock (no server, no sleeps)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Generator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from volcano_locks import InvalidRequest, LockContention, LockState, RateLimited, TransportError
+from volcano_locks.governor import BLACKOUT_SPREAD, Governor, validate_wait_budget
+from volcano_locks.models import LockLease
+from volcano_locks.waiting import WaitPolicy, _Block, _KeyWait, _Send, _wait_flow, _Waiter, wake
+
+
+class Clock:
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def governor(budget: int = 60, clock: Clock | None = None, draw: float = 0.0) -> Governor:
+    return Governor(budget, clock=clock or Clock(), rng=lambda: draw)
+
+
+# ---------------------------------------------------------------------------------------- budget
+
+
+def test_the_bucket_holds_five_seconds_of_budget_then_spaces_requests_at_the_rate() -> None:
+    clock = Clock()
+    gov = governor(60, clock)  # one a second, five in the bucket
+    slots = [gov.reserve() for _ in range(8)]
+    assert slots[:5] == [1000.0] * 5
+    assert slots[5:] == pytest.approx([1001.0, 1002.0, 1003.0])
+
+
+def test_budget_refills_with_time_and_never_beyond_the_bucket() -> None:
+    clock = Clock()
+    gov = governor(120, clock)  # two a second, ten in the bucket
+    for _ in range(10):
+        assert gov.reserve() == 1000.0
+    clock.now += 2.5  # five requests' worth
+    assert [gov.reserve() for _ in range(5)] == [1002.5] * 5
+    assert gov.reserve() == pytest.approx(1003.0)
+    clock.now += 3600
+    assert [gov.reserve() for _ in range(10)] == [clock.now] * 10  # capped at the bucket, not an hour's worth
+
+
+def test_requests_a_minute_are_flat_in_the_number_of_reservations() -> None:
+    clock = Clock()
+    gov = governor(120, clock)
+    slots = [gov.reserve() for _ in range(1000)]  # a thousand keys wanting to look at once
+    within_a_minute = [s for s in slots if s < clock.now + 60]
+    assert len(within_a_minute) == 10 + 119  # the bucket, then two a second
+    assert slots == sorted(slots)  # first come, first served
+
+
+def test_priority_acquisitions_go_ahead_of_reads_and_delay_the_reads_after_them() -> None:
+    clock = Clock()
+    gov = governor(60, clock)
+    for _ in range(5):
+        gov.reserve()  # the bucket is empty now
+    read = gov.reserve()
+    assert read == pytest.approx(1001.0)
+    assert gov.reserve(priority=True) == 1000.0  # the lock was seen free: acquire now
+    assert gov.reserve() == pytest.approx(1003.0)  # the next read pays for it
+
+
+def test_a_refund_hands_an_unused_reservation_back() -> None:
+    clock = Clock()
+    gov = governor(60, clock)
+    for _ in range(5):
+        gov.reserve()
+    gov.refund()
+    assert gov.reserve() == 1000.0
+
+
+def test_a_429_holds_waiting_requests_until_retry_after_plus_a_spread() -> None:
+    clock = Clock()
+    gov = governor(600, clock, draw=0.5)
+    gov.note_rate_limited("renew", 12.0)
+    assert gov.blocked_until == pytest.approx(1000.0 + 12.0 + BLACKOUT_SPREAD * 0.5)
+    assert gov.reserve() == pytest.approx(gov.blocked_until)
+    assert gov.reserve(priority=True) == pytest.approx(gov.blocked_until)
+    assert gov.reserve(honour_blackout=False) == 1000.0  # a waiter's very first attempt
+    stats = gov.stats()
+    assert stats.rate_limited == {"renew": 1} and stats.wait_budget == 600
+
+
+def test_the_spread_differs_between_processes() -> None:
+    spreads = {governor(600, Clock(), draw=d) for d in (0.1, 0.7)}
+    ends = set()
+    for gov in spreads:
+        gov.note_rate_limited("get", 10.0)
+        ends.add(gov.blocked_until)
+    assert len(ends) == 2 and all(1010.0 <= e <= 1010.0 + BLACKOUT_SPREAD for e in ends)
+
+
+@pytest.mark.parametrize("bad", [0, 601, -5, 1.5, True, "many", "", None])
+def test_budget_is_validated_naming_the_value(bad: object) -> None:
+    with pytest.raises(InvalidRequest, match="wait_budget"):
+        validate_wait_budget(bad)
+
+
+def test_budget_from_the_environment_and_the_latest_explicit_setting() -> None:
+    gov = Governor.for_credential("http://gov.test", "cred-env", environ={"VOLCANO_WAIT_BUDGET": "30"})
+    assert gov.wait_budget == 30
+    assert Governor.for_credential("http://gov.test", "cred-env", environ={}) is gov
+    assert gov.wait_budget == 30  # a client without a setting does not reset it
+    Governor.for_credential("http://gov.test", "cred-env", 90, environ={})
+    assert gov.wait_budget == 90
+    with pytest.raises(InvalidRequest, match="VOLCANO_WAIT_BUDGET"):
+        Governor.for_credential("http://gov.test", "cred-other", environ={"VOLCANO_WAIT_BUDGET": "lots"})
+
+
+# ------------------------------------------------------------------------------------ wait engine
+
+NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+TOKEN = "3f0e8d1c-6a1b-4c2d-9e8f-0a1b2c3d4e5f"
+
+
+class _NoSignal:
+    def set(self) -> None:
+        pass
+
+
+def _waiter(key: str = "k") -> _Waiter:
+    return _Waiter(key, 30, TOKEN, None, _NoSignal())
+
+
+def _lease(key: str = "k", fencing: int = 9) -> LockLease:
+    return LockLease(key, TOKEN, NOW + timedelta(seconds=30), fencing, 30, NOW, 1e9, 1e12)
+
+
+def _held(seconds: float, fencing: int = 3) -> LockState:
+    # Expiry relative to the real wall clock, which the engine compares against.
+    return LockState(True, datetime.now(UTC) + timedelta(seconds=seconds), fencing)
+
+
+Flow = Generator[_Block | _Send, object, LockLease]
+
+
+def _flow(entry: _KeyWait, waiter: _Waiter, gov: Governor, clock: Clock, **kw: object) -> Flow:
+    entry.waiters.append(waiter)
+    policy = kw.pop("policy", WaitPolicy(poll=1.0, factor=2.0, cap=8.0))
+    return _wait_flow(
+        entry, waiter, gov, policy, kw.pop("timeout", None), kw.pop("on_waiting", None), clock, lambda: 0.5
+    )  # type: ignore[arg-type]
+
+
+def test_first_attempt_acquires_then_looks_back_off_to_the_cap() -> None:
+    clock, entry, waiter = Clock(), _KeyWait("k"), _waiter()
+    gov = governor(600, clock)
+    flow = _flow(entry, waiter, gov, clock)
+    assert next(flow) == _Send("acquire")
+    step = flow.send(LockContention("held", holder=None))
+    looks = []
+    for _ in range(6):
+        assert isinstance(step, _Block)
+        looks.append(step.until - clock.now)
+        clock.now = step.until
+        step = flow.send(None)
+        assert step == _Send("get")
+        step = flow.send(_held(3600, fencing=3))  # the same expiry each time: a long, quiet lease
+    assert looks == pytest.approx([1.0, 2.0, 4.0, 8.0, 8.0, 8.0])  # poll, x2, ..., cap (jitter at its middle)
+
+
+def test_a_holder_that_does_not_renew_is_looked_at_its_expiry_plus_grace() -> None:
+    clock, entry, waiter = Clock(), _KeyWait("k"), _waiter()
+    flow = _flow(entry, waiter, governor(600, clock), clock, policy=WaitPolicy(poll=30.0, cap=30.0))
+    next(flow)
+    step = flow.send(LockContention("held", holder=_held(5.0)))
+    assert isinstance(step, _Block)
+    assert 5.0 + 1.0 <= step.until - clock.now <= 5.0 + 1.2  # expiry + grace, not the 30 s poll
+
+
+def test_a_renewing_holders_moving_expiry_does_not_pull_looks_forward() -> None:
+    clock, entry, waiter = Clock(), _KeyWait("k"), _waiter()
+    flow = _flow(entry, waiter, governor(600, clock), clock, policy=WaitPolicy(poll=20.0, cap=20.0))
+    next(flow)
+    step = flow.send(LockContention("held", holder=_held(10.0, fencing=4)))
+    assert isinstance(step, _Block) and step.until - clock.now == pytest.approx(11.1, abs=0.2)
+    clock.now = step.until
+    assert flow.send(None) == _Send("get")
+    step = flow.send(_held(14.0, fencing=4))  # same holder, later expiry: it renews
+    assert isinstance(step, _Block) and step.until - clock.now == pytest.approx(20.0)
+
+
+def test_a_lock_seen_free_is_acquired_next_ahead_of_the_budget() -> None:
+    clock, entry, waiter = Clock(), _KeyWait("k"), _waiter()
+    gov = governor(1, clock)  # one request a minute: a read would wait
+    flow = _flow(entry, waiter, gov, clock)
+    next(flow)
+    step = flow.send(LockContention("held"))
+    clock.now = step.until  # type: ignore[union-attr]
+    step = flow.send(None)
+    assert isinstance(step, _Block) and step.until > clock.now + 50  # the read waits for the budget
+    clock.now = step.until
+    assert flow.send(None) == _Send("get")
+    assert flow.send(LockState(held=False)) == _Send("acquire")  # at once, no second budget wait
+    with pytest.raises(StopIteration) as done:
+        flow.send(_lease())
+    assert done.value.value.fencing_token == 9
+
+
+def test_wake_turns_a_booked_read_into_an_immediate_acquisition() -> None:
+    clock, entry, waiter = Clock(), _KeyWait("k"), _waiter()
+    gov = governor(1, clock)
+    flow = _flow(entry, waiter, gov, clock)
+    next(flow)
+    step = flow.send(LockContention("held"))
+    clock.now = step.until  # type: ignore[union-attr]
+    step = flow.send(None)
+    assert isinstance(step, _Block) and step.until > clock.now + 50
+    assert entry.wake_head() is True  # what wake(key) does for each matching queue
+    assert flow.send(None) == _Send("acquire")
+
+
+def test_only_the_head_looks_and_a_newcomer_tries_once_first() -> None:
+    clock, entry = Clock(), _KeyWait("k")
+    gov = governor(600, clock)
+    first, second = _waiter(), _waiter()
+    head = _flow(entry, first, gov, clock)
+    assert next(head) == _Send("acquire")
+    assert isinstance(head.send(LockContention("held")), _Block)
+    other = _flow(entry, second, gov, clock, timeout=5.0)
+    assert next(other) == _Send("acquire")  # its own lease may be live already (a restarted trigger)
+    step = other.send(LockContention("held"))
+    assert step == _Block(clock.now + 5.0)  # then it queues: no looks of its own until its deadline
+    clock.now += 5.0
+    with pytest.raises(Exception, match="still held after waiting 5 s"):
+        other.send(None)
+
+
+def test_rate_limited_looks_wait_for_retry_after() -> None:
+    clock, entry, waiter = Clock(), _KeyWait("k"), _waiter()
+    gov = governor(600, clock)
+    flow = _flow(entry, waiter, gov, clock)
+    next(flow)
+    gov.note_rate_limited("acquire", 7.0)  # what the client does when the 429 arrives
+    step = flow.send(RateLimited("slow down", retry_after=7.0))
+    assert isinstance(step, _Block) and step.until >= 1007.0
+
+
+def test_an_uncertain_acquisition_is_retried_with_the_same_request_id() -> None:
+    clock, entry, waiter = Clock(), _KeyWait("k"), _waiter()
+    flow = _flow(entry, waiter, governor(600, clock), clock)
+    next(flow)
+    request_id = waiter.request_id
+    step = flow.send(TransportError("no answer"))
+    clock.now = step.until  # type: ignore[union-attr]
+    assert flow.send(None) == _Send("acquire") and waiter.request_id == request_id
+
+
+def test_on_waiting_reports_at_the_start_and_every_minute() -> None:
+    clock, entry, waiter = Clock(), _KeyWait("k"), _waiter()
+    reports: list[tuple[int | None, float]] = []
+    flow = _flow(
+        entry,
+        waiter,
+        governor(600, clock),
+        clock,
+        policy=WaitPolicy(poll=50.0, cap=50.0),
+        on_waiting=lambda h, w: reports.append((h.fencing_token if h else None, w)),
+    )
+    next(flow)
+    step = flow.send(LockContention("held", holder=_held(3600, fencing=5)))
+    assert reports == [(5, 0.0)]
+    while clock.now < 1000 + 130:
+        clock.now = step.until  # type: ignore[union-attr]
+        step = flow.send(None)
+        if isinstance(step, _Send):
+            step = flow.send(_held(3600, fencing=5))
+    assert [w for _, w in reports] == pytest.approx([0.0, 60.0, 120.0])
+
+
+def test_wake_without_waiters_wakes_nothing() -> None:
+    assert wake("no-such-key-waited-on", api_url="http://nowhere.test") == 0
+    assert math.isinf(governor().blocked_until)
