@@ -9,6 +9,7 @@ leaks in: the commands run outside it, without PYTHONPATH or the suite's own PRE
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -19,7 +20,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 # Per extra, from a cold pip: ~30 s here; a slow mirror may take minutes, and a hang must still end.
 INSTALL_TIMEOUT_S = 900
-INSTALL_TIMES: list[str] = []
+# The test property under which a test records its `Venv.install_line` (the packaging summary prints them).
+PIP_INSTALL_PROPERTY = "pip_install"
 # The suite's own settings (the Prefect tests export PREFECT_HOME at import) must not reach a user's shell.
 _FOREIGN_PREFIXES = ("PREFECT_", "AIRFLOW_", "VOLCANO_")
 _FOREIGN_NAMES = {"PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "UV_PROJECT_ENVIRONMENT"}
@@ -45,6 +47,7 @@ class Venv:
     root: Path
     env: dict[str, str]
     workdir: Path
+    install_line: str  # what `pip install` ran and how long it took, for the session summary
 
     def bin(self, name: str) -> str:
         """Absolute path of an executable in the environment."""
@@ -73,7 +76,7 @@ def install(dist: Dist, extra: str, where: Path, **env: str) -> Venv:
     subprocess.run([sys.executable, "-m", "venv", str(root)], check=True, timeout=120)
     workdir = where / "work"
     workdir.mkdir(exist_ok=True)
-    venv = Venv(root, clean_env(root, **env), workdir)
+    venv = Venv(root, clean_env(root, **env), workdir, "")
     started = time.monotonic()
     done = venv.run(
         venv.bin("python"),
@@ -89,5 +92,7 @@ def install(dist: Dist, extra: str, where: Path, **env: str) -> Venv:
     assert done.returncode == 0, (
         f"pip install [{extra}] failed:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
     )
-    INSTALL_TIMES.append(f"pip install '{dist.wheel.name}[{extra}]' into a fresh venv: {took:.1f} s")
-    return venv
+    line = (
+        f"pip install '{dist.wheel.name}[{extra}]' -c constraints-{extra}.txt into a fresh venv: {took:.1f} s"
+    )
+    return dataclasses.replace(venv, install_line=line)

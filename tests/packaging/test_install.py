@@ -8,24 +8,28 @@ from __future__ import annotations
 import json
 import tarfile
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from pip_venv import Dist, Venv, install
+from pip_venv import PIP_INSTALL_PROPERTY, Dist, Venv, install
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+
+RecordProperty = Callable[[str, object], None]
 
 PACKAGES = ("volcano_locks", "airflow_provider_volcano", "prefect_volcano")
 
 
 def test_dist_holds_all_three_packages_typed_with_both_entry_points(dist: Dist) -> None:
-    names = set(zipfile.ZipFile(dist.wheel).namelist())
+    with zipfile.ZipFile(dist.wheel) as wheel:
+        names = set(wheel.namelist())
+        entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
+        text = wheel.read(entry_points).decode()
     for package in PACKAGES:
         assert f"{package}/__init__.py" in names and f"{package}/py.typed" in names
     assert not any(name.startswith(("tests/", "dags/", "flows/")) for name in names)
-    entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
-    text = zipfile.ZipFile(dist.wheel).read(entry_points).decode()
     assert "[apache_airflow_provider]" in text and "[prefect.collections]" in text
     assert "volcano-locks = volcano_locks.cli:main" in text
     with tarfile.open(dist.sdist) as sdist:
@@ -58,8 +62,11 @@ def _json_out(stdout: str) -> Any:
     return json.loads(stdout[start:])
 
 
-def test_airflow_extra_installs_with_pip_and_airflow_lists_the_provider(dist: Dist, tmp_path: Path) -> None:
+def test_airflow_extra_installs_with_pip_and_airflow_lists_the_provider(
+    dist: Dist, tmp_path: Path, record_property: RecordProperty
+) -> None:
     venv = install(dist, "airflow", tmp_path, AIRFLOW_HOME=str(tmp_path / "airflow-home"))
+    record_property(PIP_INSTALL_PROPERTY, venv.install_line)
     _imports_from_the_venv(venv, "volcano_locks", "airflow_provider_volcano")
 
     providers = venv.run(venv.bin("airflow"), "providers", "list", "--output", "json")
@@ -79,7 +86,9 @@ def test_airflow_extra_installs_with_pip_and_airflow_lists_the_provider(dist: Di
     assert cli.returncode == 0 and "serve" in cli.stdout
 
 
-def test_prefect_extra_installs_with_pip_and_block_register_registers(dist: Dist, tmp_path: Path) -> None:
+def test_prefect_extra_installs_with_pip_and_block_register_registers(
+    dist: Dist, tmp_path: Path, record_property: RecordProperty
+) -> None:
     # No PREFECT_API_URL: the CLI runs Prefect's temporary server on a database under this throwaway home.
     # Its start-up would register every installed collection's blocks itself, so that is switched off:
     # what is in the database afterwards was put there by `prefect block register`.
@@ -91,6 +100,7 @@ def test_prefect_extra_installs_with_pip_and_block_register_registers(dist: Dist
         PREFECT_API_BLOCKS_REGISTER_ON_START="false",
         PREFECT_SERVER_ANALYTICS_ENABLED="false",
     )
+    record_property(PIP_INSTALL_PROPERTY, venv.install_line)
     _imports_from_the_venv(venv, "volcano_locks", "prefect_volcano")
     prefect = venv.bin("prefect")
 
