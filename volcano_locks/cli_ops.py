@@ -27,7 +27,7 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any, TextIO
 
-from volcano_locks.budget import DEFAULT_QUOTA, holder_budget, renewals_per_minute
+from volcano_locks.budget import DEFAULT_QUOTA, holder_budget, renewals_per_minute, waiting_per_minute
 from volcano_locks.client import VolcanoLocks
 from volcano_locks.errors import (
     AuthError,
@@ -78,7 +78,9 @@ def add_ops_commands(subparsers: Any) -> None:
     quota = subparsers.add_parser(
         "quota",
         help="how many holders a TTL supports within the project's request budget",
-        epilog="A holder renewing at a third of its TTL spends 180 / ttl requests a minute.",
+        epilog="A holder renewing at a third of its TTL (at least once a minute) spends max(180 / ttl, 1) "
+        "requests a minute; a waiting process, one look per key every 20 s once settled, at most its "
+        "waiting budget (120 a minute by default).",
     )
     quota.add_argument(
         "--ttl", type=int, action="append", help="lease TTL in seconds (repeatable; default 10, 30, 60)"
@@ -88,6 +90,15 @@ def add_ops_commands(subparsers: Any) -> None:
         "--reserve", type=int, default=0, help="requests a minute kept for reads, waits and acquires"
     )
     quota.add_argument("--holders", type=int, help="also print the smallest TTL that keeps N holders alive")
+    quota.add_argument(
+        "--waiters",
+        type=int,
+        default=0,
+        help="waiting processes to budget for (their settled cost is added to the reserve)",
+    )
+    quota.add_argument(
+        "--keys-per-waiter", type=int, default=1, help="keys each waiting process waits on (default 1)"
+    )
     quota.set_defaults(func=partial(run_ops_command, _run_quota))
 
 
@@ -159,17 +170,25 @@ def _run_force_release(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _run_quota(args: argparse.Namespace, out: TextIO) -> int:
+    if args.holders is not None and args.holders < 1:
+        raise InvalidRequest(f"--holders must be at least 1, got {args.holders}")
     ttls = args.ttl or [10, 30, 60]
-    budgets = [holder_budget(ttl, quota=args.quota, reserve=args.reserve) for ttl in ttls]
-    out.write(f"budget: {args.quota} lock requests a minute per project, {args.reserve} kept in reserve\n\n")
+    waiting = math.ceil(waiting_per_minute(args.waiters, args.keys_per_waiter))
+    reserve = args.reserve + waiting
+    budgets = [holder_budget(ttl, quota=args.quota, reserve=reserve) for ttl in ttls]
+    out.write(f"budget: {args.quota} lock requests a minute per project, {reserve} kept in reserve")
+    if waiting:
+        out.write(
+            f" ({waiting} for {args.waiters} waiting process(es) on {args.keys_per_waiter} key(s) each"
+            f"{f', {args.reserve} more asked for' if args.reserve else ''})"
+        )
+    out.write("\n\n")
     out.write("| TTL (s) | requests/min per holder | holders supported |\n| ---: | ---: | ---: |\n")
     for budget in budgets:
         out.write(f"| {budget.ttl} | {budget.renewals_per_minute:.2f} | {budget.holders} |\n")
     if args.holders is not None:
-        if args.holders < 1:
-            raise InvalidRequest(f"--holders must be at least 1, got {args.holders}")
         # holders * 180 / ttl <= quota - reserve  =>  ttl >= 180 * holders / (quota - reserve)
-        ttl = max(5, math.ceil(180 * args.holders / (args.quota - args.reserve)))
+        ttl = max(5, math.ceil(180 * args.holders / (args.quota - reserve)))
         out.write(
             f"\n{args.holders} holders need a TTL of at least {ttl} s "
             f"({args.holders * renewals_per_minute(ttl):.0f} requests a minute)\n"

@@ -164,3 +164,21 @@ def test_quota_rejects_bad_numbers() -> None:
     assert result.returncode == 2 and "4" in result.stderr
     result = run_cli("quota", "--reserve", "600", env={})
     assert result.returncode == 2 and "reserve" in result.stderr
+
+
+def test_quota_budgets_for_waiting_processes() -> None:
+    result = run_cli("quota", "--waiters", "50", "--holders", "100", env={})
+    assert result.returncode == 0, result.stderr
+    # 50 waiting processes on one key each settle at one look per 20 s: 150 requests a minute.
+    assert "150 kept in reserve (150 for 50 waiting process(es) on 1 key(s) each)" in result.stdout
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert rows == ["| 10 | 18.00 | 25 |", "| 30 | 6.00 | 75 |", "| 60 | 3.00 | 150 |"]
+    assert "100 holders need a TTL of at least 40 s" in result.stdout
+    many_keys = run_cli("quota", "--waiters", "2", "--keys-per-waiter", "1000", env={})
+    assert "240 kept in reserve" in many_keys.stdout  # each capped at its waiting budget (120)
+
+
+def test_quota_checks_holders_before_printing() -> None:
+    result = run_cli("quota", "--holders", "0", env={})
+    assert result.returncode == 2 and "--holders must be at least 1" in result.stderr
+    assert result.stdout == ""
