@@ -7,8 +7,6 @@ with a reminder every minute and, where Prefect's events reach it, a wake-up on 
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack, ExitStack, asynccontextmanager, contextmanager
 from typing import Any, Literal
@@ -18,6 +16,7 @@ from prefect import State
 from prefect_volcano._events import LockEvents
 from prefect_volcano._report import RunReport, Scope, WaitReporter, run_logger
 from prefect_volcano._spec import LockSpec
+from prefect_volcano._wake import alistening, listening
 from prefect_volcano.credentials import async_client_for, sync_client_for
 from volcano_locks import (
     AsyncLockGuard,
@@ -48,17 +47,19 @@ class Holding:
         self.guard: Guard | None = None
         self.skipped: State[None] | None = None
         self.lease: LockLease | None = None
+        self.waiter = WaitReporter(self.report)
 
     def open(self, client: VolcanoLocks | AsyncVolcanoLocks, policy: Literal["raise", "wait"]) -> Any:
         """The core's `with_lock` for this run: `"raise"` first, `"wait"` once the run decided to wait."""
-        wait_timeout = self.spec.wait_timeout if policy == "wait" else None
+        waits = policy == "wait"
         context: LockContext | AsyncLockContext = client.with_lock(
             self.key,
             self.spec.ttl,
             on_contention=policy,
-            wait_timeout=wait_timeout,
+            wait_timeout=self.spec.wait_timeout if waits else None,
             interrupt=True,
             on_loss=self.lost,
+            on_waiting=self.waiter if waits else None,
         )
         return context
 
@@ -82,11 +83,9 @@ class Holding:
             ) from exc
         return True
 
-    def waiting(self, holder: LockState | None) -> WaitReporter:
-        """Tell the user the run waits (naming the holder's fencing token), and return the reminder."""
-        reporter = WaitReporter(self.report)
-        reporter.started(holder)
-        return reporter
+    def waiting(self, holder: LockState | None) -> None:
+        """Tell the user the run waits (naming the holder's fencing token); the engine reports after."""
+        self.waiter.started(holder)
 
     def entered(self, guard: Guard) -> None:
         """Record and tell that the lock is held."""
@@ -132,23 +131,6 @@ def _peek(client: VolcanoLocks, key: str) -> LockState | None:
 
 
 @contextmanager
-def _reminding(reporter: WaitReporter) -> Iterator[None]:
-    stop = threading.Event()
-
-    def loop() -> None:
-        while not stop.wait(reporter.next_in() + 0.05):
-            reporter.remind()
-
-    thread = threading.Thread(target=loop, name=f"volcano-lock-wait-log:{reporter.key}", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
-
-
-@contextmanager
 def hold(spec: LockSpec, key: str, scope: Scope) -> Iterator[Holding]:
     """Hold `key` per `spec` around a sync body; `holding.guard` is None when the run skips."""
     with sync_client_for(spec.credentials.get()) as client:
@@ -159,7 +141,8 @@ def hold(spec: LockSpec, key: str, scope: Scope) -> Iterator[Holding]:
                     holding.entered(stack.enter_context(holding.open(client, "raise")))
                 except LockContention as exc:
                     if holding.contended(exc):
-                        with _reminding(holding.waiting(exc.holder or _peek(client, key))):
+                        holding.waiting(exc.holder or _peek(client, key))
+                        with listening(key, client.api_url, client.credential_id):
                             holding.entered(stack.enter_context(holding.open(client, "wait")))
                 yield holding
         except VolcanoError as exc:
@@ -179,21 +162,6 @@ async def _apeek(client: AsyncVolcanoLocks, key: str) -> LockState | None:
 
 
 @asynccontextmanager
-async def _areminding(reporter: WaitReporter) -> AsyncIterator[None]:
-    async def loop() -> None:
-        while True:
-            await asyncio.sleep(reporter.next_in() + 0.05)
-            reporter.remind()
-
-    task = asyncio.get_running_loop().create_task(loop(), name=f"volcano-lock-wait-log:{reporter.key}")
-    try:
-        yield
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-
-
-@asynccontextmanager
 async def hold_async(spec: LockSpec, key: str, scope: Scope) -> AsyncIterator[Holding]:
     """Hold `key` per `spec` around an async body (cancelled on loss); see `hold`."""
     async with async_client_for(await spec.credentials.aget()) as client:
@@ -204,7 +172,8 @@ async def hold_async(spec: LockSpec, key: str, scope: Scope) -> AsyncIterator[Ho
                     holding.entered(await stack.enter_async_context(holding.open(client, "raise")))
                 except LockContention as exc:
                     if holding.contended(exc):
-                        async with _areminding(holding.waiting(exc.holder or await _apeek(client, key))):
+                        holding.waiting(await _apeek(client, key) if exc.holder is None else exc.holder)
+                        async with alistening(key, client.api_url, client.credential_id):
                             holding.entered(await stack.enter_async_context(holding.open(client, "wait")))
                 yield holding
         except VolcanoError as exc:

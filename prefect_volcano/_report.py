@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections.abc import Callable
 from typing import Any, Literal
 
 from prefect import State
@@ -44,9 +42,6 @@ def is_skipped(obj: object) -> bool:
 
 Log = logging.Logger | logging.LoggerAdapter[Any]
 Scope = Literal["task", "flow"]
-
-WAIT_REPORT_INTERVAL = 60.0
-"""Seconds between two "still waiting" log lines."""
 
 _fallback_logger = logging.getLogger("prefect_volcano")
 
@@ -180,56 +175,36 @@ class LossReport:
 
 
 class WaitReporter:
-    """Logs that a run waits for a lock when it starts and about every minute after.
+    """Tells that a run waits for a lock: when it starts, then whenever the core's wait engine reports.
 
-    Args:
-        report: The run's report (its log, key and events).
-        clock: Monotonic seconds; injected by tests.
-        interval: Seconds between reminders.
+    The engine (`volcano_locks.waiting`) decides when: at its first refusal and about every minute
+    after (`WaitPolicy.report_every`); this class says it in the run's log. It is the engine's
+    `on_waiting` callback.
     """
 
-    def __init__(
-        self,
-        report: RunReport,
-        *,
-        clock: Callable[[], float] = time.monotonic,
-        interval: float = WAIT_REPORT_INTERVAL,
-    ) -> None:
+    def __init__(self, report: RunReport) -> None:
         self._report = report
-        self._clock = clock
-        self._interval = interval
-        self._started = 0.0
-        self._last = 0.0
+        self._reports = 0
         self.holder: LockState | None = None
-
-    @property
-    def key(self) -> str:
-        """The lock waited for."""
-        return self._report.key
 
     def started(self, holder: LockState | None) -> None:
         """Say the run starts to wait, naming the holder's fencing token when known."""
-        self._started = self._last = self._clock()
         self.holder = holder
         r = self._report
         r.log.info("Waiting for lock %r, held by another run%s", r.key, _by_holder(holder))
         r.events.emit("waiting", holder_fencing_token=holder.fencing_token if holder else None)
 
-    def next_in(self) -> float:
-        """Seconds until the next reminder is due."""
-        return max(0.0, self._last + self._interval - self._clock())
-
-    def remind(self) -> bool:
-        """Log a reminder if one is due; return whether it did."""
-        now = self._clock()
-        if now - self._last < self._interval:
-            return False
-        self._last = now
+    def __call__(self, holder: LockState | None, waited: float) -> None:
+        """The engine's report: remember the holder it saw; from the second report on, say we still wait."""
+        if holder is not None and holder.fencing_token:
+            self.holder = holder
+        self._reports += 1
+        if self._reports == 1:
+            return  # the engine's report of its first refusal: `started` told it already
         r = self._report
         r.log.info(
             "Still waiting for lock %r after %.0f s, held by another run%s",
             r.key,
-            now - self._started,
+            waited,
             _by_holder(self.holder),
         )
-        return True

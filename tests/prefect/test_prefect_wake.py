@@ -1,0 +1,80 @@
+"""A waiting run is woken by another process's release event, and still gets the lock without events."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prefect import flow, task
+
+from prefect_volcano import current_lease, locked_task
+
+pytestmark = pytest.mark.usefixtures("volcano_env")
+
+HOLDER = Path(__file__).with_name("wake_holder.py")
+
+
+def _wait_behind_a_holder_in_another_process(key: str, env: dict[str, str]) -> tuple[int, int]:
+    """Start a holder process (holds 6 s), wait for the lock here; return (holder's token, ours)."""
+    with subprocess.Popen(
+        [sys.executable, str(HOLDER), key, "6"], env=env, stdout=subprocess.PIPE, text=True
+    ) as holder:
+        try:
+            return _wait_behind(holder, key)
+        finally:
+            if holder.poll() is None:
+                holder.kill()
+                holder.wait()
+
+
+def _wait_behind(holder: subprocess.Popen[str], key: str) -> tuple[int, int]:
+    assert holder.stdout is not None
+    line = holder.stdout.readline()
+    assert line.startswith("HOLDING"), line
+    held = int(line.split()[1])
+
+    @task
+    @locked_task(key, ttl=15, wait_timeout=60)
+    def patient() -> int:
+        return current_lease().fencing_token
+
+    @flow
+    def f() -> int:
+        return patient()
+
+    ours = f()
+    assert holder.stdout.readline().strip() == "RELEASED"
+    assert holder.wait(timeout=60) == 0
+    return held, ours
+
+
+def test_a_release_in_another_process_wakes_the_waiter(
+    unique_key: str, prefect_subprocess_env: dict[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.DEBUG, logger="prefect_volcano.wake"):
+        held, ours = _wait_behind_a_holder_in_another_process(unique_key, prefect_subprocess_env)
+    assert ours > held
+    woke = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "prefect_volcano.wake" and "woke" in r.getMessage()
+    ]
+    assert woke == [f"lock {unique_key!r} released elsewhere (fencing token {held}): woke 1 waiter(s)"]
+
+
+def test_without_events_the_waiter_still_gets_the_lock_by_polling(
+    unique_key: str,
+    prefect_subprocess_env: dict[str, str],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("VOLCANO_PREFECT_WAKE", "off")
+    with caplog.at_level(logging.DEBUG, logger="prefect_volcano.wake"):
+        held, ours = _wait_behind_a_holder_in_another_process(unique_key, prefect_subprocess_env)
+    assert ours > held
+    records: list[Any] = [r for r in caplog.records if r.name == "prefect_volcano.wake"]
+    assert records == []  # no subscription was made

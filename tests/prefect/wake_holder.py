@@ -1,0 +1,35 @@
+"""A run in another process that holds a lock for a while, then releases it (run by test_prefect_wake.py).
+
+Usage: python wake_holder.py KEY HOLD_SECONDS
+Prints "HOLDING <fencing token>" once inside, and "RELEASED" after the lock is released.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from prefect import flow, task
+
+from prefect_volcano import current_lease, locked_task
+
+KEY, HOLD = sys.argv[1], float(sys.argv[2])
+
+
+@locked_task(KEY, ttl=15)
+@task
+def hold() -> None:
+    print(f"HOLDING {current_lease().fencing_token}", flush=True)
+    time.sleep(HOLD)
+
+
+@flow
+def holder() -> None:
+    hold()
+
+
+if __name__ == "__main__":
+    holder()
+    print("RELEASED", flush=True)
+    os._exit(0)  # skip Prefect's slow interpreter shutdown; the events were drained by the flow's end
