@@ -308,6 +308,8 @@ class _Exchange:
                 head = bytes(conn.buf[: found.start()])
                 del conn.buf[: found.end()]
                 return head
+            if len(conn.buf) > self.limits.max_line and conn.buf.find(b"\n", 0, self.limits.max_line + 2) < 0:
+                raise _Reject(414, "bad_request", f"request line longer than {self.limits.max_line} bytes")
             if len(conn.buf) > self.limits.max_head:
                 raise _Reject(431, "bad_request", f"request head larger than {self.limits.max_head} bytes")
             start = max(0, len(conn.buf) - 3)
@@ -435,7 +437,7 @@ def _fit_fd_limit(wanted: int) -> int:
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
         return wanted
-    fitted = max(4, min(wanted, soft - _FD_RESERVE))
+    fitted = min(wanted, max(4, soft - _FD_RESERVE))
     if fitted < wanted:
         log.warning("open-file limit %d: at most %d client connections (wanted %d)", soft, fitted, wanted)
     return fitted
