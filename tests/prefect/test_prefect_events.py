@@ -146,3 +146,37 @@ def test_waiting_and_lost_events(unique_key: str, credentials: VolcanoCredential
     task_run = f"prefect.task-run.{states[0].state_details.task_run_id}"
     assert all(related_ids(e, "task-run") == [task_run] for e in events)
     assert_no_secret(events, credentials)
+
+
+@pytest.mark.filterwarnings("ignore:'imghdr' is deprecated:DeprecationWarning")  # apprise, under SlackWebhook
+def test_the_readme_automation_notify_when_a_lock_is_lost_is_accepted() -> None:
+    # The README's example, as written there: Prefect validates and stores it.
+    from prefect.automations import Automation
+    from prefect.blocks.notifications import SlackWebhook
+    from prefect.events.actions import SendNotification
+    from prefect.events.schemas.automations import EventTrigger, Posture
+
+    slack = SlackWebhook(url="https://hooks.slack.com/services/T000/B000/XXXX")
+    slack_id = slack.save("volcano-alerts", overwrite=True)
+
+    automation = Automation(
+        name="volcano-lock-lost",
+        trigger=EventTrigger(
+            expect={"volcano.lock.lost"},
+            match={"prefect.resource.id": "volcano.lock.*"},
+            posture=Posture.Reactive,
+            threshold=1,
+        ),
+        actions=[
+            SendNotification(
+                block_document_id=slack_id,
+                subject="Lock {{ event.resource['volcano.lock.key'] }} lost",
+                body="{{ event.payload.reason }} (fencing token {{ event.payload.fencing_token }})",
+            )
+        ],
+    ).create()
+    stored = Automation.read(id=automation.id)
+    assert isinstance(stored.trigger, EventTrigger)
+    assert stored.trigger.expect == {"volcano.lock.lost"}
+    assert stored.trigger.match.model_dump() == {"prefect.resource.id": "volcano.lock.*"}
+    stored.delete()
