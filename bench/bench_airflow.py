@@ -17,7 +17,7 @@ Prints three markdown tables (``--only`` runs some of them):
 
 Usage: .venv-airflow/bin/python bench/bench_airflow.py [--only handoff,triggers,import]
        [--handoff-rows pool,lock,slow-pool,slow-lock] [--handoff-tasks 6] [--hold 4] [--ttl 10]
-       [--slow-ttl 5] [--slow-start 8] [--batch-timeout 180]
+       [--slow-ttl 5] [--slow-start 8] [--slow-handoff-ttl N] [--batch-timeout 180]
        [--triggers 500] [--seconds 30] [--poll 2] [--import-repeats 7]
 e.g. only the lock's handoff, after a change to the trigger or the operator:
        .venv-airflow/bin/python bench/bench_airflow.py --only handoff --handoff-rows pool,lock
@@ -176,6 +176,7 @@ def bench_handoff(
     ttl: int,
     slow_ttl: int,
     slow_start: float,
+    slow_handoff_ttl: int | None,
     timeout: float,
 ) -> list[dict[str, Any]]:
     """Run the chosen handoff rows on one full stack, one batch (one DAG run) after the other."""
@@ -223,6 +224,7 @@ def bench_handoff(
                         "BENCH_HANDOFF_TTL": str(ttl),
                         "BENCH_SLOW_TTL": str(slow_ttl),
                         "BENCH_SLOW_START_S": str(slow_start),
+                        "BENCH_SLOW_HANDOFF_TTL": "" if slow_handoff_ttl is None else str(slow_handoff_ttl),
                         "BENCH_HANDOFF_POOL": HANDOFF_POOL,
                         "BENCH_HANDOFF_RECORDS": str(records),
                     }
@@ -261,7 +263,12 @@ def print_handoff(results: list[dict[str, Any]], args: argparse.Namespace) -> No
         "pool": "Airflow pool, 1 slot",
         "lock": f"Volcano lock, deferred waiters (TTL {args.ttl} s)",
         "slow-pool": f"Airflow pool, 1 slot, tasks start {args.slow_start:g} s late",
-        "slow-lock": f"Volcano lock, TTL {args.slow_ttl} s, tasks start {args.slow_start:g} s late",
+        "slow-lock": f"Volcano lock, TTL {args.slow_ttl} s, tasks start {args.slow_start:g} s late, "
+        + (
+            f"handoff_ttl {args.slow_handoff_ttl} s"
+            if args.slow_handoff_ttl is not None
+            else "the operator's default handoff_ttl"
+        ),
     }
     for r in results:
         fr = r["from_release"]
@@ -401,6 +408,12 @@ def main() -> None:
     parser.add_argument("--ttl", type=int, default=10, help="the lock's TTL in the lock row")
     parser.add_argument("--slow-ttl", type=int, default=5, help="the lock's TTL in the slow-lock row")
     parser.add_argument("--slow-start", type=float, default=8.0, help="executor start delay, slow rows")
+    parser.add_argument(
+        "--slow-handoff-ttl",
+        type=int,
+        default=None,
+        help="the slow-lock row's handoff_ttl (default: the operator's)",
+    )
     parser.add_argument("--batch-timeout", type=float, default=180.0, help="give up on a row after this")
     parser.add_argument("--triggers", type=int, default=500)
     parser.add_argument("--seconds", type=float, default=30.0, help="measured waiting window per row")
@@ -423,7 +436,14 @@ def main() -> None:
 
     if "handoff" in parts and rows:
         results = bench_handoff(
-            rows, args.handoff_tasks, args.hold, args.ttl, args.slow_ttl, args.slow_start, args.batch_timeout
+            rows,
+            args.handoff_tasks,
+            args.hold,
+            args.ttl,
+            args.slow_ttl,
+            args.slow_start,
+            args.slow_handoff_ttl,
+            args.batch_timeout,
         )
         print_handoff(results, args)
 

@@ -4,7 +4,9 @@ Each DAG maps ``BENCH_HANDOFF_TASKS`` task instances that all want one resource,
 at a time and hand it over. ``bench_handoff_lock`` serialises them with a Volcano lock (the
 waiters deferred to the trigger), ``bench_handoff_pool`` with an Airflow pool of one slot. The
 ``bench_slow_handoff_*`` twins are the same DAGs, started by an executor that takes
-``BENCH_SLOW_START_S`` seconds to start each of their tasks (slow_start_executor.py).
+``BENCH_SLOW_START_S`` seconds to start each of their tasks (slow_start_executor.py); the slow
+lock DAG's TTL is ``BENCH_SLOW_TTL`` and its handoff allowance ``BENCH_SLOW_HANDOFF_TTL`` (default:
+the operator's).
 
 Every task appends ``{"dag", "i", "start", "end", "fencing_token"}`` (wall clock) to the JSON-lines
 file ``BENCH_HANDOFF_RECORDS``.
@@ -63,6 +65,9 @@ def _pool_work(dag_id: str) -> Callable[..., None]:
 
 for slow in ("", "slow_"):
     ttl = int(os.environ.get("BENCH_SLOW_TTL" if slow else "BENCH_HANDOFF_TTL", "10"))
+    # The operator's handoff allowance (handoff_ttl) unless the bench sets one for the slow DAG.
+    allowance = os.environ.get("BENCH_SLOW_HANDOFF_TTL") if slow else None
+    extra: dict[str, Any] = {"handoff_ttl": int(allowance)} if allowance else {}
     with DAG(
         dag_id=f"bench_{slow}handoff_lock",
         schedule=None,
@@ -79,6 +84,7 @@ for slow in ("", "slow_"):
             deferrable=True,
             wait_timeout=900,
             python_callable=_lock_work(f"bench_{slow}handoff_lock"),
+            **extra,
         ).expand(op_kwargs=[{"i": i, "hold": "{{ params.hold }}"} for i in range(TASKS)])
 
     with DAG(
