@@ -106,13 +106,6 @@ def _open_volcano_form(page: Any) -> Any:
     return dialog
 
 
-def _field(dialog: Any, label: str) -> Any:
-    # Airflow's form puts each input beside its label in one field row.
-    return dialog.locator(".chakra-field__root", has=dialog.page.get_by_text(label, exact=True)).locator(
-        "input, textarea"
-    )
-
-
 def _add_connection(page: Any, conn_id: str, url: str, key: str, port: int | None) -> None:
     dialog = _open_volcano_form(page)
     dialog.locator("input[name=connection_id]").fill(conn_id)
