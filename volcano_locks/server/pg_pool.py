@@ -232,6 +232,9 @@ class PgPool:
         except psycopg.Error as exc:
             if self._watchdog.disarm(watch):
                 raise StoreUnavailable(f"PostgreSQL did not answer within {self.timeout:g} s") from exc
+            # A statement or lock timeout leaves a healthy connection (checked in _release): keep it, so a
+            # burst of timeouts does not churn connections.
+            reusable = True
             raise StoreUnavailable(f"PostgreSQL error: {type(exc).__name__}: {exc}") from exc
         except BaseException:
             reusable = True
