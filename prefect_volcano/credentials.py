@@ -12,6 +12,7 @@ from prefect.blocks.core import Block
 from pydantic import Field, SecretStr, field_validator
 
 from volcano_locks import AsyncVolcanoLocks, VolcanoLocks
+from volcano_locks.governor import validate_wait_budget
 
 __all__ = ["DEFAULT_API_URL", "VolcanoCredentials", "async_client_for", "sync_client_for"]
 
@@ -29,6 +30,8 @@ class VolcanoCredentials(Block):
         service_key: The project's service-role key (secret).
         anon_key: The project's anon key (secret, optional).
         timeout: Seconds allowed for each HTTP request to the locks API.
+        wait_budget: Lock requests a minute one process may spend waiting for locks (1-600);
+            None: `VOLCANO_WAIT_BUDGET`, else the core's default (120).
 
     Example:
         Load stored credentials and take a lock:
@@ -69,6 +72,21 @@ class VolcanoCredentials(Block):
         description="Seconds allowed for each HTTP request to the locks API.",
     )
 
+    wait_budget: int | None = Field(
+        default=None,
+        title="Waiting budget",
+        description=(
+            "Lock requests a minute one process may spend waiting for locks (1-600);"
+            " empty: VOLCANO_WAIT_BUDGET, else 120."
+        ),
+    )
+
+    @field_validator("wait_budget")
+    @classmethod
+    def _check_wait_budget(cls, value: int | None) -> int | None:
+        """The core's rule for a waiting budget (one rule, one place)."""
+        return None if value is None else validate_wait_budget(value)
+
     @field_validator("api_url")
     @classmethod
     def _check_api_url(cls, value: str) -> str:
@@ -84,6 +102,7 @@ class VolcanoCredentials(Block):
             "anon_key": self.anon_key.get_secret_value() if self.anon_key is not None else None,
             "service_key": self.service_key.get_secret_value(),
             "timeout": self.timeout,
+            "wait_budget": self.wait_budget,
         }
 
     def get_client(self) -> VolcanoLocks:

@@ -54,6 +54,20 @@ def test_rejects_bad_timeout(timeout: float) -> None:
         VolcanoCredentials(service_key="k", timeout=timeout)
 
 
+@pytest.mark.parametrize("budget", [0, 601, -5])
+def test_wait_budget_follows_the_core_rule(budget: int) -> None:
+    with pytest.raises(ValidationError, match="wait_budget"):
+        VolcanoCredentials(service_key="k", wait_budget=budget)
+
+
+def test_wait_budget_reaches_the_clients_governor(volcano_server: Any) -> None:
+    block = VolcanoCredentials(
+        api_url=volcano_server.url, service_key=volcano_server.service_key, wait_budget=42
+    )
+    with block.get_client() as client:
+        assert client.governor.stats().wait_budget == 42
+
+
 def test_service_key_is_required() -> None:
     with pytest.raises(ValidationError, match="service_key"):
         VolcanoCredentials()
