@@ -43,6 +43,7 @@ def get_provider_info() -> dict[str, Any]:
                 "integration-name": "Volcano",
                 "python-modules": [
                     "airflow_provider_volcano.operators.lock",
+                    "airflow_provider_volcano.operators.group",
                 ],
             },
         ],
