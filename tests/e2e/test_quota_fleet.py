@@ -1,0 +1,150 @@
+"""Waiting at fleet scale against a local server at Volcano's real quota (600 requests a minute).
+
+A holder must never lose its lock because other parts of the same project are waiting: the waiting
+cost of a process is governed (one budget for every key it waits on) and each waiting process backs
+off, so the holders' renewals are never refused.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from volcano_locks import VolcanoLocks, WaitTimeout
+from volcano_locks.server.harness import LocalServer
+
+pytestmark = pytest.mark.slow
+
+WAITER = Path(__file__).with_name("fleet_waiter.py")
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def quota_server(tmp_path: Path) -> Iterator[LocalServer]:
+    """A server of its own at the contract's quota of 600 requests a minute, with a request log."""
+    with LocalServer(db=str(tmp_path / "fleet.sqlite3"), admin=True, quota=600) as srv:
+        yield srv
+
+
+def _refused_keeping(server: LocalServer) -> list[dict[str, Any]]:
+    """Renewals and releases the server refused for the quota (what must never happen)."""
+    return [r for r in server.requests() if r.get("op") in ("renew", "release") and r.get("status") == 429]
+
+
+def test_five_holders_keep_their_locks_while_the_same_process_waits_on_thirty_keys(
+    quota_server: LocalServer, unique_key: str
+) -> None:
+    """The issue's first scenario: it used to cost ~850 requests a minute and all five holders."""
+    url, key = quota_server.url, quota_server.service_key
+    other = quota_server.mint_key()  # the holders of the thirty keys: same project, another process
+    waited = [f"{unique_key}-w{i}" for i in range(30)]
+    with VolcanoLocks(url, service_key=other) as outside:
+        held = {k: outside.acquire(k, 600) for k in waited}  # held long, renewed never: they cost nothing
+    released_at: dict[str, float] = {}
+    got_at: dict[str, float] = {}
+    stop = threading.Event()
+    holders_lost: list[str] = []
+
+    def hold(n: int) -> None:
+        with (
+            VolcanoLocks(url, service_key=key) as client,
+            client.with_lock(f"{unique_key}-h{n}", 15) as guard,
+        ):
+            stop.wait(140)
+            if guard.lost:
+                holders_lost.append(f"h{n}: {guard.loss}")
+
+    def wait(k: str) -> None:
+        with VolcanoLocks(url, service_key=key) as client:
+            try:
+                lease = client.wait_acquire(k, 15, timeout=125)
+            except WaitTimeout:
+                return
+            got_at[k] = time.monotonic()
+            client.release(k, lease)
+
+    threads = [threading.Thread(target=hold, args=(n,)) for n in range(5)]
+    threads += [threading.Thread(target=wait, args=(k,)) for k in waited]
+    started = time.monotonic()
+    for t in threads:
+        t.start()
+    time.sleep(60)  # a full minute of thirty waiting keys beside five holders
+    with VolcanoLocks(url, service_key=other) as outside:
+        for k in waited[:6]:  # six keys are released midway
+            outside.release(k, held[k])
+            released_at[k] = time.monotonic()
+    for t in threads[5:]:
+        t.join(150)
+    stop.set()
+    for t in threads[:5]:
+        t.join(30)
+    elapsed = time.monotonic() - started
+
+    assert elapsed >= 120
+    assert holders_lost == []
+    assert _refused_keeping(quota_server) == []
+    handoffs = {k: got_at.get(k, float("inf")) - released_at[k] for k in released_at}
+    assert all(0 <= d <= 30 for d in handoffs.values()), handoffs
+    assert set(got_at) == set(released_at)  # and the others were still waiting when they gave up
+    spent = [
+        r for r in quota_server.requests() if r.get("op") in ("get", "acquire") and unique_key in r["path"]
+    ]
+    per_minute = len([r for r in spent if "-w" in r["path"]]) / (elapsed / 60)
+    assert per_minute <= 120 + 30  # the process's waiting budget (plus the thirty first attempts)
+
+
+def test_twenty_waiting_processes_on_one_key_cost_the_holder_nothing(
+    quota_server: LocalServer, unique_key: str
+) -> None:
+    """The issue's second scenario: twenty waiter processes used to spend ~700 requests a minute."""
+    env = {**os.environ, **quota_server.env(), "PYTHONPATH": str(REPO)}
+    with ExitStack() as stack:
+        client = stack.enter_context(VolcanoLocks(quota_server.url, service_key=quota_server.service_key))
+        guard = stack.enter_context(client.with_lock(unique_key, 15))
+        held_from = time.time()
+        waiters = [
+            subprocess.Popen(
+                [sys.executable, str(WAITER), "--key", unique_key, "--ttl", "15"],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(20)
+        ]
+        time.sleep(65)  # over a minute of twenty processes waiting on the held key
+        assert not guard.lost, guard.loss
+        first_token = guard.fencing_token
+        held_until = time.time()
+    results = []
+    for proc in waiters:
+        out, err = proc.communicate(timeout=400)
+        assert proc.returncode == 0, err[-2000:]
+        results.append(json.loads(out.strip().splitlines()[-1]))
+
+    assert _refused_keeping(quota_server) == []
+    results.sort(key=lambda r: r["acquired"])
+    tokens = [r["fencing_token"] for r in results]
+    assert (
+        len(results) == 20 and tokens == sorted(tokens) and len(set(tokens)) == 20 and tokens[0] > first_token
+    )
+    # One at a time: each got the lock after the previous one released it.
+    assert results[0]["acquired"] >= held_until - 0.5 and held_until - held_from >= 65
+    for before, after in itertools.pairwise(results):
+        assert after["acquired"] >= before["released"] - 0.05, (before, after)
+    looks = [
+        r for r in quota_server.requests() if r.get("op") in ("get", "acquire") and unique_key in r["path"]
+    ]
+    while_held = [r for r in looks if held_from <= r["time"] <= held_until]
+    assert len(while_held) / ((held_until - held_from) / 60) <= 150  # well inside 600, beside the holder
