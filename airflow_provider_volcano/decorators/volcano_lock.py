@@ -44,8 +44,10 @@ def volcano_lock_task(
     """Wrap a function into a task that runs while holding a Volcano lock.
 
     Takes the :class:`VolcanoLockOperator` arguments (``lock_key``, ``ttl``, ``on_contention``,
-    ``wait_timeout``, ``deferrable``, ``volcano_conn_id``, ...). The function gets the lease's
-    public facts through a ``volcano_lease=None`` parameter.
+    ``wait_timeout``, ``deferrable``, ``handoff_ttl``, ``volcano_conn_id``, ...). The function gets
+    the lease's public facts through a ``volcano_lease=None`` parameter. With ``lock_group=`` (a
+    :class:`~airflow_provider_volcano.operators.group.VolcanoLockGroup`) instead of ``lock_key``, the
+    task runs under its group's lease: it checks it when it starts and renews it while it runs.
 
     :param python_callable: the function to decorate.
     :param multiple_outputs: unroll a dict return value into several XCom values.

@@ -98,7 +98,12 @@ class VolcanoLockGroupAcquireOperator(VolcanoLockOperator):
         def attempt(wait: bool, request_id: str, remaining: float | None) -> LockLease:
             if wait:
                 return client.wait_acquire(
-                    self.lock_key, self.ttl, timeout=remaining, token=token, poll=self.poll_interval
+                    self.lock_key,
+                    self.ttl,
+                    timeout=remaining,
+                    token=token,
+                    poll=self.poll_interval,
+                    on_waiting=self._still_waiting,
                 )
             return client.acquire(self.lock_key, self.ttl, token=token, request_id=request_id)
 

@@ -369,6 +369,7 @@ class VolcanoLockOperator(BaseOperator):
                     on_contention="wait" if wait else "raise",
                     wait_timeout=remaining,
                     interrupt=True,
+                    on_waiting=self._still_waiting if wait else None,
                 )
             )
 
@@ -434,6 +435,17 @@ class VolcanoLockOperator(BaseOperator):
                 )
                 wait_in_slot = True
                 request_id = str(uuid.uuid4())
+
+    def _still_waiting(self, holder: LockState | None, waited: float) -> None:
+        """Log, about every minute of a wait in the worker slot, that the task still waits and on whom."""
+        if waited < 1.0:
+            return  # the wait's start is announced by _acquire_with, with how to defer instead
+        self.log.info(
+            "Still waiting for lock %r in this worker slot after %.0f s; it is %s",
+            self.lock_key,
+            waited,
+            _holder_facts(holder),
+        )
 
     def _lost(self, exc: BaseException | None) -> VolcanoLockLost:
         why = "the task was killed and released it" if self._killed else str(exc)

@@ -446,3 +446,32 @@ def test_the_first_acquire_waits_out_a_stopped_server(monkeypatch, unique_key, c
         ops = [(r["op"], r["status"]) for r in server.requests() if unique_key in r.get("path", "")]
     assert ops == [("acquire", 201), ("release", 204)], ops  # nothing reached the stopped server
     assert "Volcano lock API unavailable while acquiring lock" in _log(capfd)
+
+
+def test_a_wait_in_the_worker_slot_reports_every_minute_naming_the_holder(capfd) -> None:
+    """The callback the core's wait engine calls about every minute (and once as the wait starts)."""
+    from datetime import UTC, datetime
+
+    from volcano_locks import LockState
+
+    op = _op("k")
+    op._still_waiting(LockState(held=True, fencing_token=7), 0.0)  # the start: announced already
+    op._still_waiting(
+        LockState(held=True, expires_at=datetime(2026, 1, 1, tzinfo=UTC), fencing_token=7), 61.2
+    )
+    op._still_waiting(None, 122.0)
+    lines = _lines(capfd, "Still waiting for lock 'k'")
+    assert len(lines) == 2
+    assert "after 61 s" in lines[0] and "fencing token 7" in lines[0]
+    assert "after 122 s" in lines[1] and "held by another owner" in lines[1]
+
+
+def test_group_membership_is_checked_at_construction() -> None:
+    with pytest.raises(ValueError, match="lock_key 'k' must not be given with lock_group"):
+        _op("k", lock_group="g.volcano_lock_acquire")
+    with pytest.raises(ValueError, match="lock_group must be a lock group"):
+        VolcanoLockOperator(task_id="t", python_callable=lambda: None, lock_group=42)
+    with pytest.raises(ValueError, match="lock_key must be a non-empty string"):
+        VolcanoLockOperator(task_id="t", python_callable=lambda: None)
+    member = VolcanoLockOperator(task_id="t", python_callable=lambda: None, lock_group="g.acquire")
+    assert member.lock_group_task_id == "g.acquire"

@@ -161,3 +161,25 @@ async def test_trigger_rides_out_503_and_429_while_waiting(volcano_conn, outside
     assert event["status"] == "acquired" and event["fencing_token"] > held.fencing_token
     assert {503, 429} <= {r["status"] for r in volcano_conn.requests() if unique_key in r.get("path", "")}
     outside.force_release(unique_key)
+
+
+async def test_trigger_acquires_for_the_handoff_and_says_when(volcano_conn, outside, unique_key) -> None:
+    """The lease the trigger takes lasts handoff_ttl, not the task's ttl; the event says when it began."""
+    from datetime import UTC, datetime
+
+    trigger = _trigger(unique_key, 0, poll=0.5, handoff_ttl=60)  # the task's ttl is 10
+    assert trigger.serialize()[1]["handoff_ttl"] == 60
+    before = datetime.now(UTC)
+    event = await asyncio.wait_for(_first_event(trigger), 10)
+    assert event["status"] == "acquired" and event["handoff_ttl"] == 60
+    acquired_at = datetime.fromisoformat(str(event["acquired_at"]))
+    assert before.timestamp() - 1 <= acquired_at.timestamp() <= datetime.now(UTC).timestamp() + 1
+    state = outside.get(unique_key)
+    assert state.held and state.expires_at is not None
+    assert (state.expires_at - acquired_at).total_seconds() > 50  # ~60 s, far past the task's 10 s
+    # The resumed task's idempotent re-acquire sets it to its own ttl (same lease, same fencing token).
+    token = derive_token(volcano_conn.service_key, TaskIdentity("d", "t0", "r", -1, 1, NONCE), unique_key)
+    again = outside.acquire(unique_key, 10, token=token)
+    assert again.fencing_token == event["fencing_token"]
+    assert (again.expires_at - datetime.now(UTC)).total_seconds() <= 11
+    outside.release(unique_key, again)
