@@ -6,6 +6,10 @@ Prints a markdown table. Usage:
 
     .venv-prefect/bin/python bench/bench_server.py [--seconds 3] [--threads 1,8] [--no-postgres]
     .venv-prefect/bin/python bench/bench_server.py --compare-uvicorn
+    .venv-prefect/bin/python bench/bench_server.py --abuse
+
+`--abuse` replays the attacks of issue 14 at a smaller scale against `volcano-locks serve` and prints
+the server's memory and CPU (run it from another checkout's directory to measure that checkout's server).
 
 `--compare-uvicorn` measures the alternative the server did not take: the same LockApp as an ASGI app
 under uvicorn (h11, `limit_concurrency`), against the stdlib server, on SQLite: throughput, and how long
@@ -205,6 +209,121 @@ def compare_uvicorn(seconds: float) -> None:
         print(f"| {name} | {r1:,.0f} | {r8:,.0f} | {'yes' if idle else 'no'} | {'yes' if drip else 'no'} |")
 
 
+def _rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS")
+
+
+def _served_in(url: str, key: str) -> str:
+    """How long a fresh client waits for one lock read (or why it got none)."""
+    started = time.monotonic()
+    try:
+        r = httpx.get(
+            url + "/locks/probe",
+            headers={"Authorization": f"Bearer {key}", "X-Volcano-Request-Id": str(uuid.uuid4())},
+            timeout=5,
+        )
+    except httpx.HTTPError as exc:
+        return f"{type(exc).__name__} after {time.monotonic() - started:.1f} s"
+    return f"{r.status_code} in {time.monotonic() - started:.2f} s"
+
+
+def abuse() -> None:
+    """Print server memory and CPU under the long-path, huge-header and low open-file-limit attacks."""
+    import contextlib
+    import secrets
+    import socket
+    import subprocess
+    import tempfile
+
+    rows = []
+    with LocalServer(admin=True, quota=1_000_000, log_requests=False) as srv:
+        assert srv.proc is not None
+        with httpx.Client(base_url=srv.url, timeout=60) as http:
+            for _ in range(50):
+                http.get("/locks/warm-up")
+            before = _rss_mib(srv.proc.pid)
+            huge = b"GET /locks/" + b"a" * 65_000 + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            for _ in range(1_000):
+                with (
+                    socket.create_connection(("127.0.0.1", srv.port), timeout=30) as sock,
+                    contextlib.suppress(OSError),
+                ):
+                    sock.sendall(huge)
+                    while sock.recv(65536):
+                        pass
+            for _ in range(2_000):
+                http.get("/locks/" + "b" * 8_000)
+        rows.append(
+            ("1,000 requests with 65 KB paths + 2,000 with 8 KB paths, --admin on", f"{before:.0f} MiB",
+             f"{_rss_mib(srv.proc.pid):.0f} MiB", _served_in(srv.url, srv.service_key))
+        )  # fmt: skip
+    with LocalServer(quota=1_000_000, log_requests=False) as srv:
+        assert srv.proc is not None
+        _served_in(srv.url, srv.service_key)
+        before = _rss_mib(srv.proc.pid)
+        lines = [f"X-Pad-{i}: ".encode() + b"p" * 65_000 + b"\r\n" for i in range(99)]
+        socks = []
+        for _ in range(100):
+            sock = socket.create_connection(("127.0.0.1", srv.port), timeout=5)
+            with contextlib.suppress(OSError):
+                sock.sendall(b"GET /locks/x HTTP/1.1\r\nHost: x\r\n")
+                for line in lines:
+                    sock.sendall(line)
+            socks.append(sock)
+        time.sleep(0.5)
+        rows.append(
+            ("100 connections parking Host + 99 header lines of 65 KB", f"{before:.0f} MiB",
+             f"{_rss_mib(srv.proc.pid):.0f} MiB", _served_in(srv.url, srv.service_key))
+        )  # fmt: skip
+        for sock in socks:
+            sock.close()
+    code = (
+        "import resource, sys\nresource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))\n"
+        "from volcano_locks.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+    )
+    secret = secrets.token_urlsafe(48)
+    with tempfile.TemporaryDirectory() as tmp:
+        out_path = f"{tmp}/out.log"
+        with open(out_path, "wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-c", code, "serve", "--port", "0", "--db", f"{tmp}/l.sqlite3"],
+                stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "VOLCANO_LOCAL_SECRET": secret},
+            )  # fmt: skip
+        try:
+            text = ""
+            while "\nready" not in text:
+                time.sleep(0.05)
+                with open(out_path) as fh:
+                    text = fh.read()
+            url = next(x.split("=", 1)[1] for x in text.splitlines() if x.startswith("VOLCANO_API"))
+            port = int(url.rsplit(":", 1)[1])
+            socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(100)]
+            time.sleep(0.5)
+            cpu0 = cpu_seconds(proc.pid)
+            time.sleep(2)
+            spent = cpu_seconds(proc.pid) - cpu0
+            from volcano_locks.server.auth import mint_key
+
+            rows.append(
+                ("100 idle sockets at RLIMIT_NOFILE 64", "-", f"{spent:.2f} CPU s in 2 s",
+                 _served_in(url, mint_key(secret)))
+            )  # fmt: skip
+            for sock in socks:
+                sock.close()
+        finally:
+            proc.terminate()
+            proc.wait()
+    print("The server under the attacks of issue 14 (scaled down), unauthenticated, over loopback\n")
+    print("| attack | server RSS before | server RSS after (or CPU) | a new client meanwhile |")
+    print("| --- | ---: | ---: | --- |")
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=3.0, help="measuring time per row")
@@ -212,6 +331,7 @@ def main() -> int:
     parser.add_argument("--no-postgres", action="store_true")
     parser.add_argument("--pg-dsn", default=PG_DSN)
     parser.add_argument("--compare-uvicorn", action="store_true", help="stdlib vs uvicorn, see above")
+    parser.add_argument("--abuse", action="store_true", help="server memory/CPU under attack, see above")
     parser.add_argument("--uvicorn-child", metavar="DB", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.uvicorn_child:
@@ -219,6 +339,9 @@ def main() -> int:
         return 0
     if args.compare_uvicorn:
         compare_uvicorn(args.seconds)
+        return 0
+    if args.abuse:
+        abuse()
         return 0
     thread_counts = [int(t) for t in args.threads.split(",")]
 
