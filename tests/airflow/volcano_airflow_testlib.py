@@ -127,11 +127,11 @@ class Stack:
 
 
 @contextmanager
-def running_stack(airflow_db: Path, tmp_path: Path) -> Iterator[Stack]:
+def running_stack(airflow_db: Path, tmp_path: Path, dags: Path = DAGS) -> Iterator[Stack]:
     """An api-server, dag processor, scheduler (LocalExecutor) and triggerer on a copy of the session's DB.
 
     The Volcano connection comes from the environment (``AIRFLOW_CONN_VOLCANO_DEFAULT``); the example DAGs
-    write to ``<tmp_path>/examples.sqlite``.
+    write to ``<tmp_path>/examples.sqlite``. ``dags`` is the DAGs folder (default: the examples).
     """
     home = tmp_path / "airflow-home"
     home.mkdir()
@@ -142,7 +142,7 @@ def running_stack(airflow_db: Path, tmp_path: Path) -> Iterator[Stack]:
         **os.environ,
         "AIRFLOW_HOME": str(home),
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
-        "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
         "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
         "AIRFLOW__CORE__PARALLELISM": "4",
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",

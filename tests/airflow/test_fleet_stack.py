@@ -1,0 +1,237 @@
+"""Fleet behaviour on real Airflow processes (api-server, scheduler with LocalExecutor, dag processor,
+triggerer): resumes slower than the TTL, a real SIGTERM, and two runs of one lock group.
+
+One stack serves the module (starting one costs about a minute on two cores). Its DAGs folder holds
+the example ``volcano_warehouse_swap`` and the test-only DAGs of ``stack_dags/volcano_fleet_dags.py``.
+
+How a resume is made slow, honestly, on LocalExecutor: the test task has a ``pre_execute`` hook that
+sleeps 8 s on every start, resumes included. From the lock's side that is exactly what a pod start
+or a long queue is: time between the trigger's acquisition and the task's code. The task's TTL is
+5 s, so every resume is slower than the TTL; the resume delays the tasks measure are asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from volcano_airflow_testlib import DAGS, Stack, running_stack, volcano_conn_json
+
+from volcano_locks import VolcanoLocks
+from volcano_locks.fencing import FencedTable
+
+pytestmark = pytest.mark.slow
+
+STACK_DAGS = Path(__file__).resolve().parent / "stack_dags"
+FLEET_DAGS = ("volcano_slow_resume", "volcano_slow_resume_lapse", "volcano_sigterm", "volcano_warehouse_swap")
+RESUMED = re.compile(
+    r"Trigger acquired lock '([^']+)' \(fencing token (\d+)\) ([0-9.]+) s before this resume"
+)
+
+
+@pytest.fixture(scope="module")
+def fleet(airflow_db: Path, volcano_server, volcano_keys, tmp_path_factory) -> Iterator[Stack]:
+    service_key, anon_key = volcano_keys
+    root = tmp_path_factory.mktemp("fleet")
+    dags = root / "dags"
+    dags.mkdir()
+    shutil.copy(STACK_DAGS / "volcano_fleet_dags.py", dags)
+    shutil.copy(DAGS / "volcano_warehouse_swap.py", dags)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(
+            "AIRFLOW_CONN_VOLCANO_DEFAULT",
+            volcano_conn_json(volcano_server.url, service_key, anon_key=anon_key),
+        )
+        with running_stack(airflow_db, root, dags) as stack:
+            for dag_id in FLEET_DAGS:
+                stack.unpause_when_parsed(dag_id, timeout=180)
+            yield stack
+
+
+@pytest.fixture
+def outside(volcano_conn) -> Iterator[VolcanoLocks]:
+    with VolcanoLocks(volcano_conn.url, volcano_conn.anon_key, volcano_conn.service_key) as client:
+        yield client
+
+
+def _trigger(stack: Stack, dag_id: str, run_ids: list[str], conf: dict[str, object]) -> None:
+    for run_id in run_ids:
+        stack.cli("dags", "trigger", dag_id, "--run-id", run_id, "--conf", json.dumps(conf))
+
+
+def _finish(stack: Stack, dag_id: str, run_ids: list[str], timeout: float) -> tuple[dict[str, str], set[str]]:
+    """Wait for the runs to finish; return their states and the runs seen with a deferred task."""
+    deferred: set[str] = set()
+    deadline = time.monotonic() + timeout
+    while True:
+        stack.alive()
+        for (run_id,) in stack.query(
+            "SELECT run_id FROM task_instance WHERE dag_id = ? AND state = 'deferred'", dag_id
+        ):
+            deferred.add(run_id)
+        states = {
+            run_id: state
+            for run_id, state in stack.query("SELECT run_id, state FROM dag_run WHERE dag_id = ?", dag_id)
+            if run_id in run_ids
+        }
+        if len(states) == len(run_ids) and all(s in ("success", "failed") for s in states.values()):
+            return states, deferred
+        assert time.monotonic() < deadline, f"runs did not finish: {states}"
+        time.sleep(0.3)
+
+
+def _one_holder_at_a_time(volcano_conn, key: str) -> list[str]:
+    """Replay the server's request log for ``key``: no lease is granted while another owner holds it.
+
+    Returns the owners (token digests) in the order they first held the lock.
+    """
+    holder: str | None = None
+    owners: list[str] = []
+    for r in volcano_conn.requests():
+        if not r.get("path", "").endswith(f"/locks/{key}/lease"):
+            continue
+        op, status, who = r["op"], r["status"], r.get("token_sha256")
+        if op == "acquire" and status == 201:
+            assert holder in (None, who), f"{who} was granted the lock while {holder} held it"
+            if holder is None and who not in owners[-1:]:
+                owners.append(who)
+            holder = who
+        elif op == "renew" and status == 200:
+            assert holder == who, f"{who} renewed a lock held by {holder}"
+        elif op == "release" and status == 204 and holder == who:
+            holder = None
+    return owners
+
+
+def test_three_waiters_whose_resumes_are_slower_than_the_ttl_all_run_one_at_a_time(
+    fleet: Stack, volcano_conn, outside, unique_key
+) -> None:
+    resource = f"slow-{unique_key}"
+    conf = {"lock_key": unique_key, "resource": resource}
+    # The first run holds the lock for 30 s of writes; the other two start meanwhile and find it held
+    # (a newcomer could otherwise take a just-released lock before a trigger's next look).
+    _trigger(fleet, "volcano_slow_resume", ["slow_a"], {**conf, "steps": 30})
+    deadline = time.monotonic() + 180
+    while not outside.get(unique_key).held:
+        assert time.monotonic() < deadline, "the first run never held the lock"
+        time.sleep(0.2)
+    _trigger(fleet, "volcano_slow_resume", ["slow_b", "slow_c"], {**conf, "steps": 3})
+    runs = ["slow_a", "slow_b", "slow_c"]
+    states, deferred = _finish(fleet, "volcano_slow_resume", runs, 420)
+    assert states == dict.fromkeys(runs, "success")
+    assert deferred == {"slow_b", "slow_c"}, deferred  # both waited in the triggerer
+
+    # The fenced table: three holders one after the other, fencing tokens rising, no write refused.
+    writes = FencedTable(fleet.env["VOLCANO_EXAMPLES_DB"]).history(resource)
+    assert len(writes) == 36 and all(w.accepted for w in writes)
+    tokens = [w.fencing_token for w in writes]
+    assert tokens == sorted(tokens) and len(set(tokens)) == 3
+    writers = [w.writer for w in writes]
+    order = list(dict.fromkeys(writers))
+    assert order[0] == "slow_a" and sorted(order) == runs
+    assert writers == [order[0]] * 30 + [order[1]] * 3 + [order[2]] * 3
+
+    # The server's log: one owner at a time, three owners in all.
+    assert len(_one_holder_at_a_time(volcano_conn, unique_key)) == 3
+    assert not outside.get(unique_key).held
+
+    # The resumes really were slower than the TTL (5 s), and every handoff survived them.
+    logs = fleet.logs()
+    delays = [float(d) for key, _, d in RESUMED.findall(logs) if key == unique_key]
+    assert len(delays) == 2 and all(d > 5 for d in delays), delays
+    assert "The handoff of lock" not in logs
+
+
+def test_a_handoff_shorter_than_the_resume_lapses_visibly_and_the_task_still_runs(
+    fleet: Stack, volcano_conn, outside, unique_key
+) -> None:
+    resource = f"lapse-{unique_key}"
+    runs = ["lapse_a", "lapse_b"]
+    conf = {"lock_key": unique_key, "resource": resource}
+    # The second run starts once the first holds the lock, and finds it held (20 s of writes).
+    _trigger(fleet, "volcano_slow_resume_lapse", runs[:1], {**conf, "steps": 20})
+    deadline = time.monotonic() + 180
+    while not outside.get(unique_key).held:
+        assert time.monotonic() < deadline, "the first run never held the lock"
+        time.sleep(0.2)
+    _trigger(fleet, "volcano_slow_resume_lapse", runs[1:], {**conf, "steps": 3})
+    states, deferred = _finish(fleet, "volcano_slow_resume_lapse", runs, 300)
+    assert states == dict.fromkeys(runs, "success") and deferred == {"lapse_b"}
+    writes = FencedTable(fleet.env["VOLCANO_EXAMPLES_DB"]).history(resource)
+    assert len(writes) == 23 and all(w.accepted for w in writes)
+    assert [w.writer for w in writes] == ["lapse_a"] * 20 + ["lapse_b"] * 3
+    assert len(_one_holder_at_a_time(volcano_conn, unique_key)) == 2
+    lapsed = [
+        line
+        for line in fleet.logs(next(iter(deferred))).splitlines()
+        if "The handoff of lock" in line and unique_key in line
+    ]
+    assert lapsed, "the lapsed handoff was not logged"
+    assert "beyond handoff_ttl=5 s" in lapsed[0] and "Raise handoff_ttl" in lapsed[0]
+    assert not outside.get(unique_key).held
+
+
+def test_sigterm_to_a_running_task_releases_the_lock_and_fails_the_task(
+    fleet: Stack, volcano_conn, outside, unique_key, tmp_path: Path
+) -> None:
+    pid_file = tmp_path / "task.pid"
+    _trigger(fleet, "volcano_sigterm", ["sigterm"], {"lock_key": unique_key, "pid_file": str(pid_file)})
+    deadline = time.monotonic() + 180
+    while not pid_file.exists() or not pid_file.read_text().strip():
+        fleet.alive()
+        assert time.monotonic() < deadline, "the task never started holding the lock"
+        time.sleep(0.2)
+    pid, fencing = (int(x) for x in pid_file.read_text().split())
+    assert outside.get(unique_key).fencing_token == fencing
+    os.kill(pid, signal.SIGTERM)  # the task's own process, as a worker shutdown or a pod eviction does
+
+    states, _ = _finish(fleet, "volcano_sigterm", ["sigterm"], 120)
+    assert states == {"sigterm": "failed"}
+    assert fleet.query(
+        "SELECT state FROM task_instance WHERE dag_id = 'volcano_sigterm' AND run_id = 'sigterm'"
+    ) == [("failed",)]
+    assert not outside.get(unique_key).held
+    ops = [
+        (r["op"], r["status"])
+        for r in volcano_conn.requests()
+        if r.get("path", "").endswith(f"/locks/{unique_key}/lease")
+    ]
+    assert ops[0] == ("acquire", 201) and ("release", 204) in ops, ops
+    logs = fleet.logs("sigterm")
+    assert f"Released lock {unique_key!r} (fencing token {fencing}) on kill" in logs
+    assert "the task was killed and released it" in logs
+
+
+def test_two_runs_of_one_lock_group_run_one_after_the_other_the_second_deferred(
+    fleet: Stack, volcano_conn, outside, unique_key
+) -> None:
+    runs = ["group_a", "group_b"]
+    conf = {"lock_key": unique_key, "table": unique_key, "steps": 4, "step_seconds": 2.0, "fail_at": ""}
+    _trigger(fleet, "volcano_warehouse_swap", runs[:1], conf)
+    deadline = time.monotonic() + 180
+    while not outside.get(unique_key).held:  # the second run starts while the first holds the lock
+        assert time.monotonic() < deadline, "the first run never held the lock"
+        time.sleep(0.2)
+    _trigger(fleet, "volcano_warehouse_swap", runs[1:], conf)
+    states, deferred = _finish(fleet, "volcano_warehouse_swap", runs, 300)
+    assert states == dict.fromkeys(runs, "success")
+    assert len(deferred) == 1, deferred  # one run's acquire task waited in the triggerer
+
+    # Extract, load and swap of one run all wrote under one fencing token, then the other run's.
+    writes = [w for w in FencedTable(fleet.env["VOLCANO_EXAMPLES_DB"]).history() if w.lock_key == unique_key]
+    assert len(writes) == 10 and all(w.accepted for w in writes)
+    first, second = writes[:5], writes[5:]
+    assert len({(w.writer, w.fencing_token) for w in first}) == 1
+    assert len({(w.writer, w.fencing_token) for w in second}) == 1
+    assert first[0].fencing_token < second[0].fencing_token and first[0].writer != second[0].writer
+    assert deferred == {"group_b"} and second[0].writer == "group_b"  # it waited, then went second
+    assert [w.resource for w in first] == [f"staging:{unique_key}"] * 4 + [f"live:{unique_key}"]
+    assert len(_one_holder_at_a_time(volcano_conn, unique_key)) == 2
+    assert not outside.get(unique_key).held
