@@ -12,6 +12,7 @@ the events cannot be reached.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import os
 import threading
@@ -102,7 +103,9 @@ def listening(key: str, api_url: str, credential_id: str) -> Iterator[None]:
             loop.run_until_complete(loop.shutdown_asyncgens())
             loop.close()
 
-    thread = threading.Thread(target=run, name=f"volcano-lock-wake:{key}", daemon=True)
+    # The run's context carries Prefect's settings (API URL, auth) into the listener's thread.
+    context = contextvars.copy_context()
+    thread = threading.Thread(target=context.run, args=(run,), name=f"volcano-lock-wake:{key}", daemon=True)
     thread.start()
     try:
         yield
