@@ -238,7 +238,7 @@ def run_in_group(op: VolcanoLockOperator, context: Context) -> Any:
     with contextlib.closing(client):
         try:
             # An unreachable API is waited out no longer than the group's lease could last.
-            lease = op._acquire_with(client, time.time() + ttl, attempt)
+            lease = op._acquire_with(client, time.time() + ttl, attempt, may_wait=False)
         except LockContention as exc:
             holder = op._holder(client)
             raise VolcanoLockLost(

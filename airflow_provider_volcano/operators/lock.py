@@ -380,6 +380,8 @@ class VolcanoLockOperator(BaseOperator):
         client: VolcanoLocks,
         deadline: float | None,
         attempt: Callable[[bool, str, float | None], _T],
+        *,
+        may_wait: bool = True,
     ) -> _T:
         """Run ``attempt(wait, request_id, remaining)``: wait out an unreachable API, and wait in the slot.
 
@@ -387,7 +389,8 @@ class VolcanoLockOperator(BaseOperator):
         server. No response, 503 and 429 are not an answer: they are retried with the same ownership
         token and request id (the contract's recovery of an uncertain acquisition), backing off like
         the trigger, until ``wait_timeout``. Contention with ``on_contention="wait"`` and
-        ``deferrable=False`` waits in this worker slot, and says so in the task log.
+        ``deferrable=False`` waits in this worker slot, and says so in the task log (unless
+        ``may_wait`` is off: a group member never waits for its group's lease).
         """
         from volcano_locks import LockContention, RateLimited, TransportError, Unavailable
 
@@ -422,7 +425,7 @@ class VolcanoLockOperator(BaseOperator):
                 )
                 time.sleep(delay)
             except LockContention as exc:
-                if wait_in_slot or self.on_contention != "wait" or self.deferrable:
+                if wait_in_slot or not may_wait or self.on_contention != "wait" or self.deferrable:
                     raise
                 holder = exc.holder if exc.holder is not None else self._holder(client)
                 self.log.info(

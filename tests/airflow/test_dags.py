@@ -266,14 +266,19 @@ def test_warehouse_swap_releases_the_lock_when_a_task_fails(
     assert _on_key(volcano_conn, unique_key)[-1][:2] == ("release", 204)
 
 
+@pytest.mark.parametrize("taken", [False, True], ids=["lapsed", "taken"])
 def test_warehouse_swap_a_loss_between_tasks_fails_the_tasks_still_to_run(
-    dagbag, volcano_conn, outside, examples_db, unique_key, capfd
+    dagbag, volcano_conn, outside, examples_db, unique_key, capfd, taken: bool
 ) -> None:
+    thief: list[Any] = []
+
     def force_release_once_acquired() -> None:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not outside.get(unique_key).held:
             time.sleep(0.05)
         outside.force_release(unique_key)  # while extract runs (it sleeps step_seconds)
+        if taken:
+            thief.append(outside.acquire(unique_key, 30))  # and someone else takes the lock
 
     threading.Thread(target=force_release_once_acquired, daemon=True).start()
     dr = dagbag.get_dag(SWAP).test(run_conf=_swap_conf(unique_key, step_seconds=3.0))
@@ -282,9 +287,19 @@ def test_warehouse_swap_a_loss_between_tasks_fails_the_tasks_still_to_run(
     assert states["rebuild.load"] == "failed" and states["rebuild.swap"] == "upstream_failed", states
     assert states[RELEASE] == "success"
     assert FencedTable.from_env().history() == []  # nothing written after the loss
-    assert not outside.get(unique_key).held  # the new lease load's check made was given back
     out = capfd.readouterr()
-    assert "lapsed before task 'rebuild.load' ran" in out.out + out.err
+    if taken:
+        (other,) = thief
+        assert outside.get(unique_key).fencing_token == other.fencing_token  # the teardown left it be
+        assert (
+            f"was lost before task 'rebuild.load' ran (the lock is now held by another owner "
+            f"with fencing token {other.fencing_token}" in out.out + out.err
+        )
+        assert "worker slot" not in out.out + out.err  # a member never waits for its group's lease
+        outside.release(unique_key, other)
+    else:
+        assert not outside.get(unique_key).held  # the new lease load's check made was given back
+        assert "lapsed before task 'rebuild.load' ran" in out.out + out.err
 
 
 def test_warehouse_swap_waits_deferred_for_a_holder_then_runs_under_a_newer_token(
