@@ -316,3 +316,30 @@ def test_drop_sends_not_a_single_byte() -> None:
         )
         assert read_all(sock) == b""
         sock.close()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--max-connections", "0"], "max_connections must be >= 1, got 0"),
+        (["--request-timeout", "0"], "request_timeout must be 0 < seconds <= 3600, got 0.0"),
+    ],
+)
+def test_bad_limits_are_usage_errors(tmp_path: Path, args: list[str], message: str) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "volcano_locks",
+            "serve",
+            "--port",
+            "0",
+            "--db",
+            str(tmp_path / "l.sqlite3"),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=HANG_BOUND,
+    )
+    assert done.returncode == 2 and message in done.stderr

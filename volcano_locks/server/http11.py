@@ -26,9 +26,9 @@ import errno
 import json
 import logging
 import re
-import resource
 import socket
 import socketserver
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -254,9 +254,6 @@ class LockHTTPServer(socketserver.TCPServer):
             with contextlib.suppress(OSError):
                 conn.sock.close()
 
-    def shutdown_request(self, request: Any) -> None:
-        """Connections are closed by their own thread (see _serve_conn)."""
-
     def server_close(self) -> None:
         """Stop listening and end every open connection."""
         super().server_close()
@@ -434,6 +431,10 @@ def _encode(resp: Response, headers: dict[str, str] | None, *, close: bool, head
 
 def _fit_fd_limit(wanted: int) -> int:
     """Lower the connection cap so connections cannot exhaust this process's open-file limit."""
+    if sys.platform == "win32":
+        return wanted
+    import resource
+
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
         return wanted
