@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -113,6 +114,15 @@ def test_long_paths_leave_memory_and_request_log_bounded() -> None:
     assert grown < 16, f"server memory grew by {grown:.1f} MiB"
     assert len(entries) >= 2_000
     assert max(len(e["path"]) for e in entries) <= LOGGED_PATH_CHARS
+
+
+def test_request_log_keeps_the_longest_valid_path_whole() -> None:
+    with InProcessServer(admin=True) as srv:
+        raw = Raw(srv.url, srv.service_key)
+        encoded = quote("a" + ":" * 127, safe="")  # what the core client sends for this key
+        assert raw.acquire(encoded, new_id()).status_code == 201
+        raw.close()
+        assert [e["path"] for e in srv.requests()] == [f"/locks/{encoded}/lease"]
 
 
 def test_request_log_keeps_nothing_without_admin() -> None:

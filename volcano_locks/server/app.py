@@ -10,7 +10,7 @@ store fails), injected faults (`when=after`). The connection layer (`http11`) bo
 
 `/__admin/*` exists only with `admin=True` and needs a full-access service key of this server (the key
 `serve` prints: role service, no `permissions` claim or `*` in it); the request log it serves keeps at
-most 10,000 entries with paths cut to 160 characters, and nothing at all when admin is off.
+most 10,000 entries with paths cut to 400 characters, and nothing at all when admin is off.
 """
 
 from __future__ import annotations
@@ -50,8 +50,9 @@ __all__ = [
 
 log = logging.getLogger("volcano_locks.server")
 
-LOGGED_PATH_CHARS = 160
-"""Paths are cut to this length in the request log: the longest valid lock path is 141 characters."""
+LOGGED_PATH_CHARS = 400
+"""Paths are cut to this length in the request log: the longest valid lock path is 397 characters
+(`/locks/` + 128 key characters percent-encoded as `%3A` + `/lease`)."""
 _LOGGED_METHOD_CHARS = 16
 _REQUEST_LOG_ENTRIES = 10_000
 
