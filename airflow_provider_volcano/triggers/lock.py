@@ -24,8 +24,8 @@ STATUS_ERROR = "error"
 
 
 def _holder_facts(holder: LockState | None) -> str:
-    if holder is None or not holder.held:
-        return "held by another owner"
+    if holder is None or not holder.held or holder.fencing_token is None:
+        return "held by another owner"  # a refused acquisition does not say by whom; a look will
     return f"held with fencing token {holder.fencing_token}"
 
 

@@ -1,0 +1,117 @@
+"""A triggerer with 200 deferred tasks on 200 different keys, at the real quota, beside holders.
+
+The triggerer runs every trigger's ``run()`` on one event loop; so does this test, with real
+``VolcanoLockTrigger`` instances against a local server at Volcano's 600 requests a minute. Five holders
+of the same connection keep their locks (``ttl=15``) all along: the triggers' waiting is governed by the
+process's waiting budget, so no renewal is ever refused, and keys released meanwhile reach their
+triggers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from volcano_airflow_testlib import volcano_conn_json
+
+from airflow_provider_volcano._tokens import TaskIdentity, new_nonce
+from airflow_provider_volcano.triggers.lock import VolcanoLockTrigger
+from volcano_locks import VolcanoLocks
+from volcano_locks.server.harness import LocalServer
+
+pytestmark = pytest.mark.slow
+
+TRIGGERS = 200
+
+
+@pytest.fixture
+def quota_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalServer]:
+    with LocalServer(db=str(tmp_path / "triggers.sqlite3"), admin=True, quota=600) as srv:
+        monkeypatch.setenv("AIRFLOW_CONN_VOLCANO_DEFAULT", volcano_conn_json(srv.url, srv.service_key))
+        yield srv
+
+
+async def _first_event(trigger: VolcanoLockTrigger) -> dict[str, object]:
+    async for event in trigger.run():
+        return dict(event.payload)
+    raise AssertionError("no event")
+
+
+async def test_two_hundred_deferred_tasks_cost_the_holders_nothing(
+    quota_server: LocalServer, unique_key: str
+) -> None:
+    url, key = quota_server.url, quota_server.service_key
+    other = quota_server.mint_key()  # whoever holds the 200 keys: same project, elsewhere
+    keys = [f"{unique_key}-{i}" for i in range(TRIGGERS)]
+    with VolcanoLocks(url, service_key=other) as outside:
+        held = {k: outside.acquire(k, 600) for k in keys}
+
+    stop = threading.Event()
+    lost: list[str] = []
+
+    def hold(n: int) -> None:  # holders of the same connection, in the same project
+        with (
+            VolcanoLocks(url, service_key=key) as client,
+            client.with_lock(f"{unique_key}-h{n}", 15) as guard,
+        ):
+            stop.wait(300)
+            if guard.lost:
+                lost.append(str(guard.loss))
+
+    holders = [threading.Thread(target=hold, args=(n,)) for n in range(5)]
+    for t in holders:
+        t.start()
+    nonce = new_nonce()
+    triggers = [
+        VolcanoLockTrigger(
+            volcano_conn_id="volcano_default",
+            lock_key=k,
+            ttl=15,
+            identity=TaskIdentity("fleet", f"t{i}", "r", -1, 1, nonce).as_dict(),
+        )
+        for i, k in enumerate(keys)
+    ]
+    since = time.time()
+    tasks = [asyncio.create_task(_first_event(t)) for t in triggers]
+    started = time.monotonic()
+    try:
+        await asyncio.sleep(20)
+        released = keys[::40]  # five keys are released while the others keep waiting
+        with VolcanoLocks(url, service_key=other) as outside:
+            for k in released:
+                outside.release(k, held[k])
+        fired = [tasks[keys.index(k)] for k in released]
+        done, _ = await asyncio.wait(fired, timeout=150)
+        await asyncio.sleep(max(0.0, 70 - (time.monotonic() - started)))  # over a minute in all
+        assert all(t in done for t in fired), "a released key never reached its trigger"
+        events = [t.result() for t in fired]
+        assert all(e["status"] == "acquired" for e in events), events
+        assert sum(t.done() for t in tasks) == len(released)  # the others are still waiting
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        stop.set()
+        for t in holders:
+            t.join(30)
+    elapsed = time.monotonic() - started
+
+    assert lost == []
+    refused = [
+        r for r in quota_server.requests() if r.get("status") == 429 and r.get("op") in ("renew", "release")
+    ]
+    assert refused == []
+    waiting = [
+        r
+        for r in quota_server.requests()
+        if r.get("op") in ("get", "acquire")
+        and unique_key in r["path"]
+        and "-h" not in r["path"]
+        and r["time"] >= since
+    ]
+    # 200 first attempts plus looks, all drawn from one budget of 120 a minute (with a 10-request burst).
+    assert len(waiting) <= 10 + 120 * elapsed / 60 + len(released), (len(waiting), elapsed)
