@@ -112,6 +112,14 @@ def test_database_and_secret_are_created_private(tmp_path: Path) -> None:
         proc.communicate(timeout=HANG_BOUND)
 
 
+def test_an_existing_readable_database_is_named_in_a_warning(tmp_path: Path) -> None:
+    db = tmp_path / "old.sqlite3"
+    db.touch(mode=0o644)
+    db.chmod(0o644)
+    with LocalServer(db=str(db)) as srv:
+        assert f"database file {db} has mode -rw-r--r--" in srv.stderr()
+
+
 def test_a_readable_secret_file_is_refused(tmp_path: Path) -> None:
     db = tmp_path / "locks.sqlite3"
     secret_file = Path(f"{db}.secret")

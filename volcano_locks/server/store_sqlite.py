@@ -9,14 +9,18 @@ synchronous=NORMAL), so server processes sharing a file share the quota as they 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sqlite3
+import stat
 import threading
 
 from .errors import StoreUnavailable
 from .store import Decide, LockRow, T
 
 __all__ = ["SqliteQuotaCounter", "SqliteStore"]
+
+log = logging.getLogger("volcano_locks.server")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS locks (
@@ -52,8 +56,16 @@ class SqliteStore:
         os.makedirs(parent, mode=0o700, exist_ok=True)
         self.path = path
         # Create the file private to its owner; SQLite gives its -wal and -shm files the same mode.
-        with contextlib.suppress(FileExistsError):
+        try:
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        except FileExistsError:
+            mode = os.stat(path).st_mode
+            if mode & 0o077:
+                log.warning(
+                    "database file %s has mode %s: other users may read its lock state; chmod 600 it",
+                    path,
+                    stat.filemode(mode),
+                )
         # One connection serialised by a lock: SQLite allows one writer anyway, and BEGIN IMMEDIATE
         # plus busy_timeout serialises writers from other processes on the same file.
         self._lock = threading.Lock()
