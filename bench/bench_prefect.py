@@ -1,7 +1,7 @@
 """What a locked_task costs and how it recovers from a crash, beside Prefect's own concurrency limit.
 
-One process, one run: a local Volcano-compatible server and a Prefect test server (harness) are
-started side by side, then:
+One run: a local Volcano-compatible server and a Prefect test server (harness) are started side by
+side, then:
 
 1. **Enter + exit** (N pairs each, around an empty body):
    - `locked_task`, credentials by block name: a `locked_task("...", credentials="bench")`-wrapped
@@ -16,7 +16,8 @@ started side by side, then:
    process is already waiting. Measured: seconds from the kill until the waiter's body starts.
    `locked_task` at its default TTL (30 s) and at TTL 10, against Prefect's global concurrency limit
    at its defaults (the lease a crashed holder leaves behind is reclaimed by the server's lease
-   expiry).
+   repossessor). This section runs against a real `prefect server start` with its services: the
+   harness runs none, so there a crashed holder's concurrency slot is never given back.
 
 3. **A fleet waiting on one lock** (`--fleet`, its own run: about five minutes): a holder flow run
    (`locked_task`, ttl 15) holds the lock for over a minute while 20 more flow runs, each a process
@@ -34,17 +35,21 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import itertools
 import os
+import queue
 import signal
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 # Prefect reads its settings at import: keep the benchmark's home, results and telemetry private.
@@ -52,10 +57,11 @@ os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="bench-prefect-home-")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 
+import httpx
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 from prefect.concurrency.sync import concurrency
-from prefect.settings import PREFECT_API_URL
+from prefect.settings import PREFECT_API_URL, temporary_settings
 from prefect.testing.utilities import prefect_test_harness
 
 from prefect_volcano import VolcanoCredentials, locked_task
@@ -120,49 +126,121 @@ with concurrency(name, occupy=1, strict=True, timeout_seconds=None):
 """
 
 
-def _spawn(code: str, *args: str, **env: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(code), *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        env=dict(os.environ, PREFECT_API_URL=str(PREFECT_API_URL.value()), **env),
-    )
+class _Proc:
+    """A child process whose stdout lines are read on a thread, so waiting for one can time out."""
 
+    def __init__(self, code: str, *args: str, **env: str) -> None:
+        self.popen = subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(code), *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=dict(os.environ, **env),
+        )
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
 
-def _line(proc: subprocess.Popen[str], prefix: str) -> str:
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if line.startswith(prefix):
-            return line.strip()
-    raise RuntimeError(f"process exited ({proc.wait()}) before printing {prefix}")
+    def _read(self) -> None:
+        assert self.popen.stdout is not None
+        for line in self.popen.stdout:
+            self._lines.put(line.strip())
+        self._lines.put(None)
+
+    def line(self, prefix: str, timeout: float | None = None) -> str | None:
+        """The next line starting with `prefix`; None if the process ended or `timeout` passed first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            try:
+                line = self._lines.get(
+                    timeout=None if deadline is None else max(0.0, deadline - time.monotonic())
+                )
+            except queue.Empty:
+                return None
+            if line is None:
+                return None
+            if line.startswith(prefix):
+                return line
+
+    def must(self, prefix: str) -> str:
+        """The next line starting with `prefix`; raises if the process ends first."""
+        line = self.line(prefix)
+        if line is None:
+            raise RuntimeError(f"process exited ({self.popen.wait()}) before printing {prefix}")
+        return line
+
+    def stop(self) -> None:
+        """Kill the process if it still runs, and reap it."""
+        if self.popen.poll() is None:
+            self.popen.kill()
+        self.popen.wait()
+        if self.popen.stdout is not None:
+            self.popen.stdout.close()
 
 
 def crash_recovery(code: str, *args: str) -> float:
     """Seconds from SIGKILL of a holder inside the lock until an already waiting process's body starts."""
-    holder = _spawn(code, "holder", *args)
-    waiter: subprocess.Popen[str] | None = None
+    holder = _Proc(code, "holder", *args)
+    waiter: _Proc | None = None
     try:
-        _line(holder, "BODY")
-        waiter = _spawn(code, "waiter", *args)
-        _line(waiter, "READY")
+        holder.must("BODY")
+        waiter = _Proc(code, "waiter", *args)
+        waiter.must("READY")
         time.sleep(5)  # the waiter is past its imports and waiting on the held lock
         killed_at = time.time()
-        holder.send_signal(signal.SIGKILL)
-        holder.wait()
-        deadline = time.monotonic() + CRASH_TIMEOUT
-        while waiter.poll() is None and time.monotonic() < deadline:
-            try:
-                body = _line(waiter, "BODY")
-                return float(body.split()[1]) - killed_at
-            except RuntimeError:
-                break
-        return float("inf")
+        holder.popen.send_signal(signal.SIGKILL)
+        holder.popen.wait()
+        body = waiter.line("BODY", timeout=CRASH_TIMEOUT)
+        return float("inf") if body is None else float(body.split()[1]) - killed_at
     finally:
         for proc in (holder, waiter):
-            if proc is not None and proc.poll() is None:
-                proc.kill()
-                proc.wait()
+            if proc is not None:
+                proc.stop()
+
+
+@contextlib.contextmanager
+def prefect_server() -> Iterator[str]:
+    """A real `prefect server start` (all services, default settings) on a free port; yields its API URL.
+
+    The test harness runs no background services, so a crashed holder's concurrency lease would
+    never be reclaimed there; a real server's lease repossessor is what a user's fleet has.
+    """
+    home = Path(tempfile.mkdtemp(prefix="bench-prefect-server-"))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    api = f"http://127.0.0.1:{port}/api"
+    env = dict(
+        os.environ,
+        PREFECT_HOME=str(home),
+        PREFECT_API_DATABASE_CONNECTION_URL=f"sqlite+aiosqlite:///{home / 'prefect.db'}",
+        PREFECT_API_URL=api,
+    )
+    prefect = str(Path(sys.executable).with_name("prefect"))
+    server = subprocess.Popen(
+        [prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"{api}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("prefect server did not start")
+            time.sleep(0.5)
+        yield api
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
 
 
 _FLEET_PROC = """
@@ -211,22 +289,20 @@ def fleet(server: LocalServer, waiters: int, wake: bool) -> dict[str, object]:
     env = {"VOLCANO_PREFECT_WAKE": "on" if wake else "off"}
     server.clear_requests()
     started = time.time()
-    holder = _spawn(_FLEET_PROC, "holder", key, str(workdir), **env)
+    holder = _Proc(_FLEET_PROC, "holder", key, str(workdir), **env)
     procs = [holder]
     try:
-        _line(holder, "HOLDING")
-        procs += [_spawn(_FLEET_PROC, f"waiter{i:02d}", key, str(workdir), **env) for i in range(waiters)]
+        holder.must("HOLDING")
+        procs += [_Proc(_FLEET_PROC, f"waiter{i:02d}", key, str(workdir), **env) for i in range(waiters)]
         for proc in procs[1:]:
-            _line(proc, "READY")
+            proc.must("READY")
         time.sleep(10)  # every waiter is past its imports and waiting
         (workdir / "go").touch()
-        results = [_line(proc, "RESULT").split()[1] for proc in procs]
+        results = [proc.must("RESULT").split()[1] for proc in procs]
         ended = time.time()
     finally:
         for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
+            proc.stop()
     sections: dict[str, dict[str, tuple[int, float]]] = {}
     for line in (workdir / "sections").read_text().splitlines():
         what, who, token, at = line.split()
@@ -280,6 +356,40 @@ def print_fleet(rows: list[dict[str, object]], waiters: int) -> None:
         )
 
 
+def enter_exit(server: LocalServer, run: str, n: int, warmup: int) -> list[tuple[str, list[float]]]:
+    """Section 1: the enter+exit rows (inside a Prefect test harness)."""
+    VolcanoCredentials(api_url=server.url, service_key=server.service_key).save("bench", overwrite=True)
+
+    @locked_task(f"bench-prefect-name-{run}", ttl=30, on_contention="fail", credentials="bench")
+    def by_name() -> None:
+        return None
+
+    @locked_task(f"bench-prefect-env-{run}", ttl=30, on_contention="fail")
+    def by_env() -> None:
+        return None
+
+    limit = f"bench-prefect-{run}"
+    with get_client(sync_client=True) as client:
+        client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=limit, limit=1))
+
+    def prefect_gcl() -> None:
+        with concurrency(limit, occupy=1, strict=True):
+            pass
+
+    with VolcanoLocks() as shared:
+
+        def core_reused() -> None:
+            with shared.with_lock(f"bench-core-{run}", 30, interrupt=True):
+                pass
+
+        return [
+            ("`locked_task`, credentials by block name (loaded once)", timed(n, warmup, by_name)),
+            ("`locked_task`, credentials from the environment", timed(n, warmup, by_env)),
+            ("core `with_lock`, reused client", timed(n, warmup, core_reused)),
+            ("Prefect `concurrency(name, occupy=1)`", timed(n, warmup, prefect_gcl)),
+        ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=300, help="timed enter+exit pairs per row")
@@ -299,62 +409,33 @@ def main() -> None:
 
     run = uuid.uuid4().hex[:8]
     crash_rows: list[tuple[str, float]] = []
-    with LocalServer(quota=10_000_000) as server, prefect_test_harness(server_startup_timeout=120):
+    with LocalServer(quota=10_000_000) as server:
         os.environ.update(server.env())
-        VolcanoCredentials(api_url=server.url, service_key=server.service_key).save("bench", overwrite=True)
-
-        @locked_task(f"bench-prefect-name-{run}", ttl=30, on_contention="fail", credentials="bench")
-        def by_name() -> None:
-            return None
-
-        @locked_task(f"bench-prefect-env-{run}", ttl=30, on_contention="fail")
-        def by_env() -> None:
-            return None
-
-        limit = f"bench-prefect-{run}"
-        with get_client(sync_client=True) as client:
-            client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=limit, limit=1))
-
-        def prefect_gcl() -> None:
-            with concurrency(limit, occupy=1, strict=True):
-                pass
-
-        with VolcanoLocks() as shared:
-
-            def core_reused() -> None:
-                with shared.with_lock(f"bench-core-{run}", 30, interrupt=True):
-                    pass
-
-            rows = [
-                (
-                    "`locked_task`, credentials by block name (loaded once)",
-                    timed(args.n, args.warmup, by_name),
-                ),
-                ("`locked_task`, credentials from the environment", timed(args.n, args.warmup, by_env)),
-                ("core `with_lock`, reused client", timed(args.n, args.warmup, core_reused)),
-                ("Prefect `concurrency(name, occupy=1)`", timed(args.n, args.warmup, prefect_gcl)),
-            ]
-
+        with prefect_test_harness(server_startup_timeout=120):
+            rows = enter_exit(server, run, args.n, args.warmup)
         if not args.skip_crash:
-            for ttl in (30, 10):
-                key = f"bench-crash-{run}-{ttl}"
+            with prefect_server() as api:
+                os.environ["PREFECT_API_URL"] = api
+                for ttl in (30, 10):
+                    crash_rows.append(
+                        (
+                            f"`locked_task` (ttl {ttl} s), waiting flow run",
+                            crash_recovery(_LOCKED_TASK_PROC, f"bench-crash-{run}-{ttl}", str(ttl)),
+                        )
+                    )
+                with (
+                    temporary_settings(updates={PREFECT_API_URL: api}),
+                    get_client(sync_client=True) as client,
+                ):
+                    client.create_global_concurrency_limit(
+                        GlobalConcurrencyLimitCreate(name=f"bench-crash-{run}", limit=1)
+                    )
                 crash_rows.append(
                     (
-                        f"`locked_task` (ttl {ttl} s), waiting run",
-                        crash_recovery(_LOCKED_TASK_PROC, key, str(ttl)),
+                        "Prefect global concurrency limit (defaults), waiting `concurrency()`",
+                        crash_recovery(_PREFECT_GCL_PROC, f"bench-crash-{run}"),
                     )
                 )
-            crash_limit = f"bench-crash-{run}"
-            with get_client(sync_client=True) as client:
-                client.create_global_concurrency_limit(
-                    GlobalConcurrencyLimitCreate(name=crash_limit, limit=1)
-                )
-            crash_rows.append(
-                (
-                    "Prefect global concurrency limit (defaults), waiting `concurrency()`",
-                    crash_recovery(_PREFECT_GCL_PROC, crash_limit),
-                )
-            )
 
     ours, prefect = rows[0][1], rows[3][1]
     print(f"1. enter+exit of a lock around an empty body, n={args.n} per row (milliseconds)\n")
