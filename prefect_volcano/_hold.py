@@ -100,11 +100,10 @@ class Holding:
 
     def failed(self, exc: VolcanoError) -> None:
         """Tell a lock error that ends the run; errors the body raised itself pass untold."""
-        if self.guard is None:
-            if isinstance(exc, WaitTimeout):
-                self.report.gave_up(exc, self.spec.wait_timeout)
-        elif isinstance(exc, OwnershipLost) and self.guard.lost:
-            self.lost(exc)
+        if isinstance(exc, WaitTimeout) and self.guard is None:
+            self.report.gave_up(exc, self.spec.wait_timeout)
+        elif isinstance(exc, OwnershipLost) and (self.guard is None or self.guard.lost):
+            self.lost(exc)  # at entry (no safe renewal window left) or while the body ran
 
     def finished(self) -> LockLease | None:
         """After a clean exit: tell the release and return the last lease (None when skipped)."""
