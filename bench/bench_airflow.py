@@ -229,7 +229,10 @@ def bench_handoff(
                         file=sys.stderr,
                     )
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if all(r["ran"] == tasks for r in results) and len(results) == len(rows):
+            shutil.rmtree(work, ignore_errors=True)
+        else:  # keep the Airflow logs and the metadata DB of a row that did not finish, to read them
+            print(f"# a row did not finish: its Airflow home and logs are kept in {work}", file=sys.stderr)
     return results
 
 
