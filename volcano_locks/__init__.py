@@ -23,6 +23,7 @@ from volcano_locks.errors import (
 )
 from volcano_locks.guard import AsyncLockGuard, LockGuard
 from volcano_locks.models import LockLease, LockState
+from volcano_locks.protocol import validate_key, validate_ttl, validate_wait_timeout
 
 __all__ = [
     "AsyncLockGuard",
@@ -43,4 +44,7 @@ __all__ = [
     "VolcanoError",
     "VolcanoLocks",
     "WaitTimeout",
+    "validate_key",
+    "validate_ttl",
+    "validate_wait_timeout",
 ]

@@ -267,8 +267,11 @@ class VolcanoLocks(_Base):
         """Renew ``lease`` to ``ttl`` seconds from now (default: its TTL); returns the new lease."""
         return self._drive(protocol.renew_flow(key, lease, ttl, request_id=request_id, secrets=self._secrets))
 
-    def _renew_within(self, lease: LockLease, timeout: float) -> LockLease:
-        """Renew with a fresh request id and a request timeout bounded by the keeper's safe window."""
+    def renew_within(self, lease: LockLease, timeout: float) -> LockLease:
+        """Renew ``lease`` to its TTL with a fresh request id and a request that must finish in ``timeout``.
+
+        This is the lease keeper's call: the timeout is what is left of its safe renewal window.
+        """
         return self._drive(
             protocol.renew_flow(
                 lease.key, lease, None, request_id=None, timeout=timeout, secrets=self._secrets
@@ -445,8 +448,11 @@ class AsyncVolcanoLocks(_Base):
             protocol.renew_flow(key, lease, ttl, request_id=request_id, secrets=self._secrets)
         )
 
-    async def _renew_within(self, lease: LockLease, timeout: float) -> LockLease:
-        """Renew with a fresh request id and a request timeout bounded by the keeper's safe window."""
+    async def renew_within(self, lease: LockLease, timeout: float) -> LockLease:
+        """Renew ``lease`` to its TTL with a fresh request id and a request that must finish in ``timeout``.
+
+        This is the lease keeper's call: the timeout is what is left of its safe renewal window.
+        """
         return await self._drive(
             protocol.renew_flow(
                 lease.key, lease, None, request_id=None, timeout=timeout, secrets=self._secrets

@@ -16,15 +16,23 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import logging
-import math
 import threading
+from collections.abc import Generator
+from dataclasses import dataclass, field
+from functools import partial
 from types import TracebackType
-from typing import TYPE_CHECKING, Generic, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar, cast
 
 from volcano_locks.clock import lease_clock
 from volcano_locks.errors import InvalidRequest, LockContention, OwnershipLost, VolcanoError
 from volcano_locks.models import LockLease
-from volcano_locks.protocol import validate_key, validate_request_id, validate_token, validate_ttl
+from volcano_locks.protocol import (
+    validate_key,
+    validate_request_id,
+    validate_token,
+    validate_ttl,
+    validate_wait_timeout,
+)
 from volcano_locks.renewal import (
     AsyncLeaseKeeper,
     KeeperTiming,
@@ -35,9 +43,26 @@ from volcano_locks.renewal import (
 from volcano_locks.waiting import OnWaiting, async_wait_acquire, wait_acquire
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable
 
-    from volcano_locks.client import AsyncVolcanoLocks, VolcanoLocks
+    from volcano_locks.waiting import AsyncWaitClient, SyncWaitClient
+
+    class _SyncClient(SyncWaitClient, Protocol):
+        """What a sync ``with_lock`` needs of its client (``VolcanoLocks``)."""
+
+        @property
+        def timeout(self) -> float: ...
+        def release(self, key: str, lease: LockLease) -> None: ...
+        def renew_within(self, lease: LockLease, timeout: float) -> LockLease: ...
+
+    class _AsyncClient(AsyncWaitClient, Protocol):
+        """What an async ``with_lock`` needs of its client (``AsyncVolcanoLocks``)."""
+
+        @property
+        def timeout(self) -> float: ...
+        async def release(self, key: str, lease: LockLease) -> None: ...
+        async def renew_within(self, lease: LockLease, timeout: float) -> LockLease: ...
+
 
 __all__ = ["AsyncLockContext", "AsyncLockGuard", "LockContext", "LockGuard", "OnContention"]
 
@@ -87,18 +112,121 @@ def _check_options(
         raise InvalidRequest(
             f"invalid on_contention {on_contention!r}: expected one of {', '.join(_POLICIES)}"
         )
-    if wait_timeout is not None and (
-        isinstance(wait_timeout, bool)
-        or not isinstance(wait_timeout, int | float)
-        or not (math.isfinite(wait_timeout) and wait_timeout >= 0)
-    ):
-        raise InvalidRequest(f"invalid wait_timeout {wait_timeout!r}: expected None or seconds >= 0")
+    validate_wait_timeout(wait_timeout)
     if on_loss is not None and not callable(on_loss):
         raise InvalidRequest(f"invalid on_loss {on_loss!r}: expected a callable taking the OwnershipLost")
 
 
 def _no_window(lease: LockLease, timing: KeeperTiming, now: float) -> bool:
     return now >= safe_window_end(lease, timing)
+
+
+@dataclass(frozen=True)
+class _Options:
+    key: str
+    ttl: int
+    token: str | None = field(repr=False)
+    request_id: str | None
+    on_contention: OnContention
+    wait_timeout: float | None
+    on_waiting: OnWaiting | None
+
+
+@dataclass(frozen=True)
+class _Acquire:
+    """Acquire once (``raise``/``skip``) or wait for it (``wait``); the lease or the error comes back."""
+
+    wait: bool
+
+
+@dataclass(frozen=True)
+class _RenewWithin:
+    """Renew ``lease`` with a request that must finish within ``timeout``; the lease or error comes back."""
+
+    lease: LockLease
+    timeout: float
+
+
+@dataclass(frozen=True)
+class _Release:
+    """Release ``lease`` quietly (a failure is logged, not raised)."""
+
+    lease: LockLease
+
+
+_Step = _Acquire | _RenewWithin | _Release
+_Entered = tuple[LockLease, KeeperTiming] | None
+
+
+def _enter_flow(opts: _Options, client_timeout: float) -> Generator[_Step, object, _Entered]:
+    """What entering ``with_lock`` decides, for both shells: acquire, make sure of a safe window.
+
+    Returns the lease and the keeper's timing, or ``None`` when contention is skipped.
+    """
+    outcome = yield _Acquire(wait=opts.on_contention == "wait")
+    if isinstance(outcome, LockContention) and opts.on_contention == "skip":
+        logger.info("lock is held elsewhere; skipping the block (on_contention='skip')")
+        return None
+    if isinstance(outcome, BaseException):
+        raise outcome
+    assert isinstance(outcome, LockLease)
+    lease = outcome
+    timing = KeeperTiming(request_timeout=renewal_timeout(client_timeout, lease.ttl))
+    now = lease_clock()
+    if not _no_window(lease, timing, now):
+        return lease, timing
+    budget = min(timing.request_timeout, lease.local_deadline - timing.margin - now)
+    if budget >= timing.min_attempt:
+        renewed = yield _RenewWithin(lease, budget)
+        if isinstance(renewed, BaseException):
+            yield _Release(lease)
+            raise renewed
+        assert isinstance(renewed, LockLease)
+        lease = renewed
+        if not _no_window(lease, timing, lease_clock()):
+            return lease, timing
+    yield _Release(lease)
+    raise OwnershipLost("acquired lease has no safe renewal window; block not entered", code="no_safe_window")
+
+
+def _advance(flow: Generator[_Step, object, _Entered], outcome: object) -> tuple[_Step | None, _Entered]:
+    """Send ``outcome`` into the entry flow: the next step, or ``None`` and what entering returned."""
+    try:
+        return flow.send(outcome), None
+    except StopIteration as stop:
+        return None, stop.value
+
+
+def _outcome(call: Callable[[], object]) -> object:
+    try:
+        return call()
+    except VolcanoError as exc:
+        return exc
+
+
+async def _async_outcome(call: Awaitable[object]) -> object:
+    try:
+        return await call
+    except VolcanoError as exc:
+        return exc
+
+
+def _leaving(
+    exc: BaseException | None,
+    loss: OwnershipLost | None,
+    release_error: BaseException | None,
+    *,
+    news_of_loss: bool,
+) -> BaseException | None:
+    """What leaves the block, in order: the loss if ``exc`` only carried its news (an interrupt, our own
+    cancellation); else the block's own exception (``None`` here: it propagates as it is); else the
+    renewal failure; else a release failure."""
+    if news_of_loss and loss is not None:
+        loss.__suppress_context__ = True  # the interrupt only carried the news; keep the loss's cause
+        return loss
+    if exc is not None:
+        return None
+    return loss if loss is not None else release_error
 
 
 class _GuardState(Generic[_KeeperT]):
@@ -165,17 +293,15 @@ class AsyncLockGuard(_GuardState["AsyncLeaseKeeper"]):
         return await self._keeper.wait_lost(timeout)
 
 
-class LockContext:
-    """The sync context manager returned by ``VolcanoLocks.with_lock``; enter it once.
+_ClientT = TypeVar("_ClientT")
 
-    Renewal runs on a named daemon thread. With ``interrupt=True``, loss raises ``OwnershipLost`` in the
-    thread that entered the block (``PyThreadState_SetAsyncExc``): it fires between bytecodes, so a
-    body blocked inside one C call (a socket read, ``time.sleep``) sees it only when that call returns.
-    """
+
+class _ContextBase(Generic[_ClientT]):
+    """The options both context managers check and keep (the client is a sync or an async one)."""
 
     def __init__(
         self,
-        client: VolcanoLocks,
+        client: _ClientT,
         key: str,
         ttl: int,
         *,
@@ -189,75 +315,74 @@ class LockContext:
     ) -> None:
         _check_options(key, ttl, token, request_id, on_contention, wait_timeout, on_loss)
         self._client = client
-        self._key, self._ttl, self._token, self._request_id = key, ttl, token, request_id
-        self._on_contention = on_contention
-        self._wait_timeout = wait_timeout
+        self._opts = _Options(key, ttl, token, request_id, on_contention, wait_timeout, on_waiting)
         self._interrupt = bool(interrupt)
         self._on_loss = on_loss
-        self._on_waiting = on_waiting
-        self._keeper: LeaseKeeper | None = None
         self._entered = False
+
+    def _call(
+        self, step: _Step, wait: Callable[..., object], release: Callable[[LockLease], object]
+    ) -> object:
+        """The call that performs ``step`` (a coroutine for the async client); not yet made."""
+        client: Any = self._client
+        o = self._opts
+        if isinstance(step, _Acquire):
+            if step.wait:
+                return wait(
+                    client,
+                    o.key,
+                    o.ttl,
+                    timeout=o.wait_timeout,
+                    token=o.token,
+                    request_id=o.request_id,
+                    on_waiting=o.on_waiting,
+                )
+            return client.acquire(o.key, o.ttl, token=o.token, request_id=o.request_id)
+        if isinstance(step, _RenewWithin):
+            return client.renew_within(step.lease, step.timeout)
+        return release(step.lease)
+
+    def _enter_once(self) -> Generator[_Step, object, _Entered]:
+        if self._entered:
+            raise RuntimeError("a with_lock context can be entered only once; call with_lock() again")
+        self._entered = True
+        return _enter_flow(self._opts, self._client.timeout)  # type: ignore[attr-defined]
+
+
+class LockContext(_ContextBase["_SyncClient"]):
+    """The sync context manager returned by ``VolcanoLocks.with_lock``; enter it once.
+
+    Renewal runs on a named daemon thread. With ``interrupt=True``, loss raises ``OwnershipLost`` in the
+    thread that entered the block (``PyThreadState_SetAsyncExc``): it fires between bytecodes, so a
+    body blocked inside one C call (a socket read, ``time.sleep``) sees it only when that call returns.
+    """
+
+    def __init__(self, client: _SyncClient, key: str, ttl: int, **options: Any) -> None:
+        super().__init__(client, key, ttl, **options)
+        self._keeper: LeaseKeeper | None = None
         self._arm = threading.Lock()
         self._body_running = False
         self._interrupted = False
         self._thread_id = 0
 
-    def _acquire(self) -> LockLease | None:
-        client = self._client
-        if self._on_contention == "wait":
-            return wait_acquire(
-                client,
-                self._key,
-                self._ttl,
-                timeout=self._wait_timeout,
-                token=self._token,
-                request_id=self._request_id,
-                on_waiting=self._on_waiting,
-            )
-        try:
-            return client.acquire(self._key, self._ttl, token=self._token, request_id=self._request_id)
-        except LockContention:
-            if self._on_contention == "skip":
-                logger.info("lock is held elsewhere; skipping the block (on_contention='skip')")
-                return None
-            raise
-
     def __enter__(self) -> LockGuard:
-        if self._entered:
-            raise RuntimeError("a with_lock context can be entered only once; call with_lock() again")
-        self._entered = True
-        lease = self._acquire()
-        if lease is None:
+        flow = self._enter_once()
+        step, entered = _advance(flow, None)
+        while step is not None:
+            call = partial(self._call, step, wait_acquire, self._release_quietly)
+            step, entered = _advance(flow, _outcome(call))
+        if entered is None:
             return LockGuard(None)
-        timing = KeeperTiming(request_timeout=renewal_timeout(self._client.timeout, lease.ttl))
-        lease = self._ensure_window(lease, timing)
-        self._keeper = LeaseKeeper(lease, self._client._renew_within, timing=timing, on_loss=self._lost)
+        lease, timing = entered
+        self._keeper = LeaseKeeper(lease, self._client.renew_within, timing=timing, on_loss=self._lost)
         self._thread_id = threading.get_ident()
         self._body_running = True
         self._keeper.start()
         return LockGuard(self._keeper)
 
-    def _ensure_window(self, lease: LockLease, timing: KeeperTiming) -> LockLease:
-        now = lease_clock()
-        if not _no_window(lease, timing, now):
-            return lease
-        budget = min(timing.request_timeout, lease.local_deadline - timing.margin - now)
-        try:
-            if budget >= timing.min_attempt:
-                lease = self._client._renew_within(lease, budget)
-                if not _no_window(lease, timing, lease_clock()):
-                    return lease
-        except VolcanoError:
-            self._release_quietly(lease)
-            raise
-        self._release_quietly(lease)
-        raise OwnershipLost(
-            "acquired lease has no safe renewal window; block not entered", code="no_safe_window"
-        )
-
     def _release_quietly(self, lease: LockLease) -> BaseException | None:
         try:
-            self._client.release(self._key, lease)
+            self._client.release(self._opts.key, lease)
         except VolcanoError as exc:
             logger.warning("release after with_lock failed: %s", exc)
             return exc
@@ -293,20 +418,13 @@ class LockContext:
             return False
         keeper.stop()
         release_error = self._release_quietly(keeper.lease)
-        loss = keeper.loss
-        if isinstance(exc, _InterruptedByLoss) and loss is not None:
-            loss.__suppress_context__ = True  # the interrupt only carried the news; keep the loss's cause
-            raise loss
-        if exc is not None:
-            return False
-        if loss is not None:
-            raise loss
-        if release_error is not None:
-            raise release_error
+        leaving = _leaving(exc, keeper.loss, release_error, news_of_loss=isinstance(exc, _InterruptedByLoss))
+        if leaving is not None:
+            raise leaving
         return False
 
 
-class AsyncLockContext:
+class AsyncLockContext(_ContextBase["_AsyncClient"]):
     """The async context manager returned by ``AsyncVolcanoLocks.with_lock``; enter it once.
 
     The keeper runs as a named task. On loss the task running the block is cancelled and the
@@ -315,86 +433,27 @@ class AsyncLockContext:
     sync form: the async block is always cancelled on loss.
     """
 
-    def __init__(
-        self,
-        client: AsyncVolcanoLocks,
-        key: str,
-        ttl: int,
-        *,
-        token: str | None,
-        request_id: str | None,
-        on_contention: OnContention,
-        wait_timeout: float | None,
-        interrupt: bool,
-        on_loss: Callable[[OwnershipLost], object] | None,
-        on_waiting: OnWaiting | None = None,
-    ) -> None:
-        _check_options(key, ttl, token, request_id, on_contention, wait_timeout, on_loss)
-        del interrupt
-        self._client = client
-        self._key, self._ttl, self._token, self._request_id = key, ttl, token, request_id
-        self._on_contention = on_contention
-        self._wait_timeout = wait_timeout
-        self._on_loss = on_loss
-        self._on_waiting = on_waiting
+    def __init__(self, client: _AsyncClient, key: str, ttl: int, **options: Any) -> None:
+        super().__init__(client, key, ttl, **options)
         self._keeper: AsyncLeaseKeeper | None = None
-        self._entered = False
         self._task: asyncio.Task[object] | None = None
         self._body_running = False
         self._cancelled = False
 
-    async def _acquire(self) -> LockLease | None:
-        client = self._client
-        if self._on_contention == "wait":
-            return await async_wait_acquire(
-                client,
-                self._key,
-                self._ttl,
-                timeout=self._wait_timeout,
-                token=self._token,
-                request_id=self._request_id,
-                on_waiting=self._on_waiting,
-            )
-        try:
-            return await client.acquire(self._key, self._ttl, token=self._token, request_id=self._request_id)
-        except LockContention:
-            if self._on_contention == "skip":
-                logger.info("lock is held elsewhere; skipping the block (on_contention='skip')")
-                return None
-            raise
-
     async def __aenter__(self) -> AsyncLockGuard:
-        if self._entered:
-            raise RuntimeError("a with_lock context can be entered only once; call with_lock() again")
-        self._entered = True
-        lease = await self._acquire()
-        if lease is None:
+        flow = self._enter_once()
+        step, entered = _advance(flow, None)
+        while step is not None:
+            call = cast("Awaitable[object]", self._call(step, async_wait_acquire, self._release_quietly))
+            step, entered = _advance(flow, await _async_outcome(call))
+        if entered is None:
             return AsyncLockGuard(None)
-        timing = KeeperTiming(request_timeout=renewal_timeout(self._client.timeout, lease.ttl))
-        lease = await self._ensure_window(lease, timing)
+        lease, timing = entered
         self._task = asyncio.current_task()
-        self._keeper = AsyncLeaseKeeper(lease, self._client._renew_within, timing=timing, on_loss=self._lost)
+        self._keeper = AsyncLeaseKeeper(lease, self._client.renew_within, timing=timing, on_loss=self._lost)
         self._keeper.start()
         self._body_running = True
         return AsyncLockGuard(self._keeper)
-
-    async def _ensure_window(self, lease: LockLease, timing: KeeperTiming) -> LockLease:
-        now = lease_clock()
-        if not _no_window(lease, timing, now):
-            return lease
-        budget = min(timing.request_timeout, lease.local_deadline - timing.margin - now)
-        try:
-            if budget >= timing.min_attempt:
-                lease = await self._client._renew_within(lease, budget)
-                if not _no_window(lease, timing, lease_clock()):
-                    return lease
-        except VolcanoError:
-            await self._release_quietly(lease)
-            raise
-        await self._release_quietly(lease)
-        raise OwnershipLost(
-            "acquired lease has no safe renewal window; block not entered", code="no_safe_window"
-        )
 
     async def _stop_and_release(self, keeper: AsyncLeaseKeeper) -> BaseException | None:
         await keeper.stop()
@@ -402,7 +461,7 @@ class AsyncLockContext:
 
     async def _release_quietly(self, lease: LockLease) -> BaseException | None:
         try:
-            await self._client.release(self._key, lease)
+            await self._client.release(self._opts.key, lease)
         except VolcanoError as exc:
             logger.warning("release after with_lock failed: %s", exc)
             return exc
@@ -434,19 +493,12 @@ class AsyncLockContext:
             # lock is not left held until its TTL, then stay cancelled.
             await asyncio.wait([cleanup])
             raise
-        loss = keeper.loss
-        if (
-            isinstance(exc, asyncio.CancelledError)
-            and self._cancelled
-            and not outer_cancel
-            and loss is not None
-        ):
-            loss.__suppress_context__ = True  # the cancellation only carried the news; keep the cause
-            raise loss
-        if exc is not None:
-            return False
-        if loss is not None:
-            raise loss
-        if release_error is not None:
-            raise release_error
+        leaving = _leaving(
+            exc,
+            keeper.loss,
+            release_error,
+            news_of_loss=isinstance(exc, asyncio.CancelledError) and self._cancelled and not outer_cancel,
+        )
+        if leaving is not None:
+            raise leaving
         return False

@@ -15,7 +15,7 @@ import re
 import uuid
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 from urllib.parse import quote
 
@@ -53,9 +53,11 @@ __all__ = [
     "renew_flow",
     "validate_key",
     "validate_lease",
+    "validate_poll",
     "validate_request_id",
     "validate_token",
     "validate_ttl",
+    "validate_wait_timeout",
 ]
 
 logger = logging.getLogger("volcano_locks.client")
@@ -130,6 +132,37 @@ def validate_ttl(ttl: object) -> int:
             f"invalid ttl {_show(ttl)}: expected an integer number of seconds, {MIN_TTL}..{MAX_TTL}"
         )
     return int(ttl)
+
+
+def validate_wait_timeout(value: object, *, name: str = "wait_timeout") -> float | None:
+    """Check a bound on waiting: ``None`` (no bound), or finite seconds >= 0 (a ``timedelta`` too).
+
+    Args:
+        value: The bound.
+        name: The argument's name, for the message (``wait_timeout``, ``timeout``).
+    """
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not (math.isfinite(value) and value >= 0)
+    ):
+        raise InvalidRequest(f"invalid {name} {_show(value)}: expected None or seconds >= 0")
+    return float(value)
+
+
+def validate_poll(value: object) -> float:
+    """Check a poll interval: finite seconds > 0."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not (math.isfinite(value) and value > 0)
+    ):
+        raise InvalidRequest(f"invalid poll {_show(value)}: expected seconds > 0")
+    return float(value)
 
 
 def validate_token(token: object) -> str:

@@ -43,11 +43,10 @@ from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import ClassVar, Protocol
 
 from volcano_locks.clock import lease_clock
 from volcano_locks.errors import (
-    InvalidRequest,
     LockContention,
     RateLimited,
     ServerError,
@@ -58,16 +57,22 @@ from volcano_locks.errors import (
 )
 from volcano_locks.governor import Governor
 from volcano_locks.models import LockLease, LockState
-from volcano_locks.protocol import new_request_id, validate_key, validate_token, validate_ttl
-
-if TYPE_CHECKING:
-    from volcano_locks.client import AsyncVolcanoLocks, VolcanoLocks
+from volcano_locks.protocol import (
+    new_request_id,
+    validate_key,
+    validate_poll,
+    validate_token,
+    validate_ttl,
+    validate_wait_timeout,
+)
 
 __all__ = [
     "FLOOR",
     "GRACE",
+    "AsyncWaitClient",
     "OnWaiting",
     "SharedPolls",
+    "SyncWaitClient",
     "WaitPolicy",
     "async_wait_acquire",
     "poll_delay",
@@ -133,6 +138,37 @@ def poll_delay(
         until_free = (holder.expires_at - now).total_seconds() + GRACE + 0.2 * draw
         delay = min(delay, until_free)
     return max(floor, delay)
+
+
+class SyncWaitClient(Protocol):
+    """What the engine needs of a sync client (``VolcanoLocks``): its credential's identity and two calls."""
+
+    @property
+    def api_url(self) -> str: ...
+    @property
+    def credential_id(self) -> str: ...
+    @property
+    def governor(self) -> Governor: ...
+    def get(self, key: str) -> LockState: ...
+    def acquire(
+        self, key: str, ttl: int, *, token: str | None = ..., request_id: str | None = ...
+    ) -> LockLease: ...
+
+
+class AsyncWaitClient(Protocol):
+    """What the engine needs of an async client (``AsyncVolcanoLocks``)."""
+
+    @property
+    def api_url(self) -> str: ...
+    @property
+    def credential_id(self) -> str: ...
+    @property
+    def governor(self) -> Governor: ...
+    async def get(self, key: str) -> LockState: ...
+    async def acquire(
+        self, key: str, ttl: int, *, token: str | None = ..., request_id: str | None = ...
+    ) -> LockLease: ...
+    async def release(self, key: str, lease: LockLease) -> None: ...
 
 
 class _Signal(Protocol):
@@ -315,14 +351,8 @@ _Step = _Block | _Send
 def _check(key: str, ttl: int, timeout: float | None, token: str | None, poll: float) -> str:
     validate_key(key)
     validate_ttl(ttl)
-    if timeout is not None and (
-        isinstance(timeout, bool)
-        or not isinstance(timeout, int | float)
-        or not (math.isfinite(timeout) and timeout >= 0)
-    ):
-        raise InvalidRequest(f"invalid timeout {timeout!r}: expected None or seconds >= 0")
-    if isinstance(poll, bool) or not isinstance(poll, int | float) or not (math.isfinite(poll) and poll > 0):
-        raise InvalidRequest(f"invalid poll {poll!r}: expected seconds > 0")
+    validate_wait_timeout(timeout, name="timeout")
+    validate_poll(poll)
     return str(uuid.uuid4()) if token is None else validate_token(token)
 
 
@@ -497,7 +527,7 @@ def _policy(poll: float, policy: WaitPolicy | None) -> WaitPolicy:
 
 
 def wait_acquire(
-    client: VolcanoLocks,
+    client: SyncWaitClient,
     key: str,
     ttl: int,
     *,
@@ -566,7 +596,7 @@ def wait_acquire(
 
 
 async def async_wait_acquire(
-    client: AsyncVolcanoLocks,
+    client: AsyncWaitClient,
     key: str,
     ttl: int,
     *,
@@ -634,7 +664,7 @@ async def async_wait_acquire(
 _undoing: set[asyncio.Task[None]] = set()  # strong refs so pending clean-ups are not collected mid-flight
 
 
-async def _acquire_or_undo(client: AsyncVolcanoLocks, waiter: _Waiter) -> LockLease:
+async def _acquire_or_undo(client: AsyncWaitClient, waiter: _Waiter) -> LockLease:
     """Acquire; if the waiter is cancelled meanwhile, let the request finish and release what it won.
 
     Without this, a cancelled wait whose acquisition the server granted would hold the lock, unseen,
@@ -650,7 +680,7 @@ async def _acquire_or_undo(client: AsyncVolcanoLocks, waiter: _Waiter) -> LockLe
         raise
 
 
-def _release_won(client: AsyncVolcanoLocks, done: asyncio.Future[LockLease]) -> None:
+def _release_won(client: AsyncWaitClient, done: asyncio.Future[LockLease]) -> None:
     if done.cancelled() or done.exception() is not None:
         return
     lease = done.result()
