@@ -24,9 +24,11 @@ from volcano_locks.errors import (
 from volcano_locks.guard import AsyncLockGuard, LockGuard
 from volcano_locks.models import LockLease, LockState
 from volcano_locks.protocol import validate_key, validate_ttl, validate_wait_timeout
+from volcano_locks.sdk import AsyncVolcanoClient, VolcanoClient
 
 __all__ = [
     "AsyncLockGuard",
+    "AsyncVolcanoClient",
     "AsyncVolcanoLocks",
     "AuthError",
     "ConflictError",
@@ -41,6 +43,7 @@ __all__ = [
     "ServerError",
     "TransportError",
     "Unavailable",
+    "VolcanoClient",
     "VolcanoError",
     "VolcanoLocks",
     "WaitTimeout",

@@ -1,0 +1,94 @@
+"""``VolcanoClient``: the entry point Volcano's Python SDK users know, with our lock clients as ``.locks``.
+
+Volcano's SDK is used as ``VolcanoClient(anon_key=..., service_key=..., api_url=...)`` and then
+``client.locks.acquire(...)``, ``client.locks.with_lock(...)``. Here ``client.locks`` is a
+:class:`~volcano_locks.VolcanoLocks` (or, for :class:`AsyncVolcanoClient`, an
+:class:`~volcano_locks.AsyncVolcanoLocks`), so the SDK's lock snippets run with only the import changed::
+
+    from volcano_locks import VolcanoClient   # instead of: from volcano_sdk import VolcanoClient
+
+Only locks are offered: the rest of Volcano's platform is not this project's.
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+
+from volcano_locks.client import AsyncVolcanoLocks, VolcanoLocks
+
+__all__ = ["AsyncVolcanoClient", "VolcanoClient"]
+
+
+class VolcanoClient:
+    """Volcano's SDK entry point, for locks: ``client.locks`` is a :class:`~volcano_locks.VolcanoLocks`.
+
+    Args:
+        anon_key: The project's anon key (``VOLCANO_ANON_KEY`` when ``None``).
+        service_key: A service-role key with ``locks.manage`` (``VOLCANO_SERVICE_KEY`` when ``None``).
+        api_url: The API base URL (``VOLCANO_API_URL`` when ``None``).
+        timeout: Total time a request may take, in seconds.
+        wait_budget: Requests a minute this process may spend waiting for locks.
+
+    Example:
+        >>> client = VolcanoClient(service_key=key, api_url=url)            # doctest: +SKIP
+        >>> with client.locks.with_lock("daily-report", ttl=30) as guard:  # doctest: +SKIP
+        ...     print("Current fence", guard.lease.fencing_token)
+    """
+
+    def __init__(
+        self,
+        anon_key: str | None = None,
+        service_key: str | None = None,
+        api_url: str | None = None,
+        *,
+        timeout: float = 10.0,
+        wait_budget: int | None = None,
+    ) -> None:
+        self.locks = VolcanoLocks(api_url, anon_key, service_key, timeout=timeout, wait_budget=wait_budget)
+
+    def close(self) -> None:
+        """Close the lock client's connections."""
+        self.locks.close()
+
+    def __enter__(self) -> VolcanoClient:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"VolcanoClient(api_url={self.locks.api_url!r})"
+
+
+class AsyncVolcanoClient:
+    """The async twin of :class:`VolcanoClient`: ``client.locks`` is an ``AsyncVolcanoLocks``."""
+
+    def __init__(
+        self,
+        anon_key: str | None = None,
+        service_key: str | None = None,
+        api_url: str | None = None,
+        *,
+        timeout: float = 10.0,
+        wait_budget: int | None = None,
+    ) -> None:
+        self.locks = AsyncVolcanoLocks(
+            api_url, anon_key, service_key, timeout=timeout, wait_budget=wait_budget
+        )
+
+    async def aclose(self) -> None:
+        """Close the lock client's connections."""
+        await self.locks.aclose()
+
+    async def __aenter__(self) -> AsyncVolcanoClient:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        return f"AsyncVolcanoClient(api_url={self.locks.api_url!r})"
