@@ -351,6 +351,21 @@ class VolcanoLockOperator(BaseOperator):
                 # Our own lease lapsed between the trigger's acquisition and this resume.
                 return self._contended(None, exc, context, deadline, nonce, handoff)
             raise self._lost(exc) from None
+        except BaseException:
+            if (
+                entered
+                and guard is not None
+                and guard.lease is not None
+                and not guard.lost
+                and not self._killed
+            ):
+                # with_lock released it on the way out (a failed release is logged by the core).
+                self.log.info(
+                    "Released lock %r (fencing token %s) after the callable failed",
+                    self.lock_key,
+                    guard.lease.fencing_token,
+                )
+            raise
         finally:
             self._active = self._body_thread = None
 

@@ -475,3 +475,15 @@ def test_group_membership_is_checked_at_construction() -> None:
         VolcanoLockOperator(task_id="t", python_callable=lambda: None)
     member = VolcanoLockOperator(task_id="t", python_callable=lambda: None, lock_group="g.acquire")
     assert member.lock_group_task_id == "g.acquire"
+
+
+def test_the_release_after_a_failed_callable_is_logged(volcano_conn, outside, unique_key, capfd) -> None:
+    def boom(volcano_lease: dict[str, Any]) -> None:
+        raise RuntimeError(f"failed under fencing token {volcano_lease['fencing_token']}")
+
+    with pytest.raises(RuntimeError, match="failed under fencing token") as info:
+        _op(unique_key, boom).execute(_context())
+    fencing = str(info.value).rsplit(" ", 1)[1]
+    assert not outside.get(unique_key).held
+    (line,) = _lines(capfd, "Released lock")
+    assert f"(fencing token {fencing}) after the callable failed" in line
