@@ -125,11 +125,16 @@ def validate_key(key: object) -> str:
     return key
 
 
-def validate_ttl(ttl: object) -> int:
-    """Check a TTL: an int (not a bool) of seconds from 5 through 7,776,000 (90 days)."""
+def validate_ttl(ttl: object, *, name: str = "ttl") -> int:
+    """Check a TTL: an int (not a bool) of seconds from 5 through 7,776,000 (90 days).
+
+    Args:
+        ttl: The TTL.
+        name: The argument's name, for the message (``ttl``, ``handoff_ttl``).
+    """
     if isinstance(ttl, bool) or not isinstance(ttl, int) or not MIN_TTL <= ttl <= MAX_TTL:
         raise InvalidRequest(
-            f"invalid ttl {_show(ttl)}: expected an integer number of seconds, {MIN_TTL}..{MAX_TTL}"
+            f"invalid {name} {_show(ttl)}: expected an integer number of seconds, {MIN_TTL}..{MAX_TTL}"
         )
     return int(ttl)
 
@@ -154,14 +159,14 @@ def validate_wait_timeout(value: object, *, name: str = "wait_timeout") -> float
     return float(value)
 
 
-def validate_poll(value: object) -> float:
-    """Check a poll interval: finite seconds > 0."""
+def validate_poll(value: object, *, name: str = "poll") -> float:
+    """Check a poll interval: finite seconds > 0 (``name`` is the argument's, for the message)."""
     if (
         isinstance(value, bool)
         or not isinstance(value, int | float)
         or not (math.isfinite(value) and value > 0)
     ):
-        raise InvalidRequest(f"invalid poll {_show(value)}: expected seconds > 0")
+        raise InvalidRequest(f"invalid {name} {_show(value)}: expected seconds > 0")
     return float(value)
 
 

@@ -16,6 +16,8 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.configuration import conf
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
+from volcano_locks.protocol import MAX_TTL, validate_key, validate_poll, validate_ttl, validate_wait_timeout
+
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
@@ -26,7 +28,6 @@ if TYPE_CHECKING:
 __all__ = ["VolcanoLockContended", "VolcanoLockLost", "VolcanoLockOperator"]
 
 ON_CONTENTION = ("wait", "skip", "fail")
-MIN_TTL, MAX_TTL = 5, 7_776_000
 LEASE_XCOM_KEY = "volcano_lease"
 LEASE_KWARG = "volcano_lease"
 DEFAULT_HANDOFF_TTL = 300
@@ -43,26 +44,6 @@ class VolcanoLockLost(AirflowException):
 
 class VolcanoLockContended(AirflowException):
     """The lock was held by another owner (``on_contention="fail"``, or the wait timed out)."""
-
-
-def _validate_ttl(ttl: Any, name: str = "ttl") -> int:
-    if isinstance(ttl, bool) or not isinstance(ttl, int) or not MIN_TTL <= ttl <= MAX_TTL:
-        raise ValueError(
-            f"{name} must be an integer number of seconds from {MIN_TTL} to {MAX_TTL}, got {ttl!r}"
-        )
-    return ttl
-
-
-def _validate_wait_timeout(wait_timeout: Any) -> float | None:
-    if wait_timeout is None:
-        return None
-    if isinstance(wait_timeout, timedelta):
-        wait_timeout = wait_timeout.total_seconds()
-    if isinstance(wait_timeout, bool) or not isinstance(wait_timeout, int | float):
-        raise ValueError(f"wait_timeout must be seconds or a timedelta, got {wait_timeout!r}")
-    if not math.isfinite(wait_timeout) or wait_timeout < 0:
-        raise ValueError(f"wait_timeout must be a non-negative number of seconds, got {wait_timeout!r}")
-    return float(wait_timeout)
 
 
 @dataclass(frozen=True)
@@ -178,22 +159,19 @@ class VolcanoLockOperator(BaseOperator):
             lock_key = ""  # set at run time from the group's lease (the rendered key)
         elif not isinstance(lock_key, str) or not lock_key:
             raise ValueError(f"lock_key must be a non-empty string, got {lock_key!r}")
+        elif "{{" not in lock_key and "{%" not in lock_key:
+            validate_key(lock_key)  # a literal key is checked at parse time; a template when rendered
         if on_contention not in ON_CONTENTION:
             raise ValueError(f"on_contention must be one of {ON_CONTENTION}, got {on_contention!r}")
-        if (
-            isinstance(poll_interval, bool)
-            or not isinstance(poll_interval, int | float)
-            or poll_interval <= 0
-        ):
-            raise ValueError(f"poll_interval must be a positive number of seconds, got {poll_interval!r}")
+        validate_poll(poll_interval, name="poll_interval")
         self.lock_key = lock_key
         self.python_callable = python_callable
         self.op_args: Collection[Any] = list(op_args or [])
         self.op_kwargs: Mapping[str, Any] = dict(op_kwargs or {})
-        self.ttl = _validate_ttl(ttl)
-        self.handoff_ttl = max(self.ttl, _validate_ttl(handoff_ttl, "handoff_ttl"))
+        self.ttl = validate_ttl(ttl)
+        self.handoff_ttl = max(self.ttl, validate_ttl(handoff_ttl, name="handoff_ttl"))
         self.on_contention = on_contention
-        self.wait_timeout = _validate_wait_timeout(wait_timeout)
+        self.wait_timeout = validate_wait_timeout(wait_timeout)
         self.deferrable = bool(deferrable)
         self.poll_interval = float(poll_interval)
         self.volcano_conn_id = volcano_conn_id

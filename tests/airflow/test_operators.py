@@ -46,16 +46,24 @@ def _op(key: str, fn: Any = None, **kwargs: Any) -> VolcanoLockOperator:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"ttl": 4}, "ttl must be an integer number of seconds from 5"),
-        ({"ttl": 30.5}, "ttl must be an integer"),
+        # The core's own messages: the same bad value reads the same in the core, Airflow and Prefect.
+        ({"ttl": 4}, r"invalid ttl 4: expected an integer number of seconds, 5\.\.7776000"),
+        ({"ttl": 30.5}, r"invalid ttl 30\.5: expected an integer"),
         ({"on_contention": "queue"}, "on_contention must be one of"),
-        ({"wait_timeout": -1}, "wait_timeout must be a non-negative"),
-        ({"poll_interval": 0}, "poll_interval must be a positive"),
+        ({"wait_timeout": -1}, r"invalid wait_timeout -1: expected None or seconds >= 0"),
+        ({"wait_timeout": float("inf")}, r"invalid wait_timeout inf"),
+        ({"poll_interval": 0}, r"invalid poll_interval 0: expected seconds > 0"),
     ],
 )
 def test_bad_arguments_are_rejected_at_construction(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         _op("k", **kwargs)
+
+
+def test_a_literal_lock_key_is_checked_at_parse_time_a_template_when_rendered() -> None:
+    with pytest.raises(ValueError, match=r"invalid lock key 'bad key!'"):
+        _op("bad key!")
+    assert _op("rollup:{{ ds }}").lock_key == "rollup:{{ ds }}"
 
 
 def test_runs_callable_under_the_lock_and_pushes_public_lease(volcano_conn, outside, unique_key) -> None:
@@ -300,9 +308,9 @@ def _event(lease: Any, seconds_ago: float, handoff_ttl: int) -> dict[str, Any]:
 
 
 def test_handoff_ttl_is_validated_and_never_below_ttl() -> None:
-    with pytest.raises(ValueError, match="handoff_ttl must be an integer number of seconds from 5"):
+    with pytest.raises(ValueError, match=r"invalid handoff_ttl 4: expected an integer number of seconds, 5"):
         _op("k", handoff_ttl=4)
-    with pytest.raises(ValueError, match="handoff_ttl must be an integer"):
+    with pytest.raises(ValueError, match=r"invalid handoff_ttl 60\.0: expected an integer"):
         _op("k", handoff_ttl=60.0)
     assert _op("k").handoff_ttl == 300
     assert _op("k", ttl=900, handoff_ttl=60).handoff_ttl == 900
