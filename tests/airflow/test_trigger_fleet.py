@@ -45,7 +45,9 @@ async def test_two_hundred_deferred_tasks_cost_the_holders_nothing(
     quota_server: LocalServer, unique_key: str
 ) -> None:
     url, key = quota_server.url, quota_server.service_key
-    other = quota_server.mint_key()  # whoever holds the 200 keys: same project, elsewhere
+    other = quota_server.mint_key(
+        permissions=["locks.manage"]
+    )  # another credential: whoever holds the 200 keys: same project, elsewhere
     keys = [f"{unique_key}-{i}" for i in range(TRIGGERS)]
     with VolcanoLocks(url, service_key=other) as outside:
         held = {k: outside.acquire(k, 600) for k in keys}

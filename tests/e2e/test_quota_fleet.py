@@ -47,7 +47,9 @@ def test_five_holders_keep_their_locks_while_the_same_process_waits_on_thirty_ke
 ) -> None:
     """The issue's first scenario: it used to cost ~850 requests a minute and all five holders."""
     url, key = quota_server.url, quota_server.service_key
-    other = quota_server.mint_key()  # the holders of the thirty keys: same project, another process
+    other = quota_server.mint_key(
+        permissions=["locks.manage"]
+    )  # another credential: the holders of the thirty keys: same project, another process
     waited = [f"{unique_key}-w{i}" for i in range(30)]
     with VolcanoLocks(url, service_key=other) as outside:
         held = {k: outside.acquire(k, 600) for k in waited}  # held long, renewed never: they cost nothing
