@@ -10,6 +10,7 @@ from volcano_locks.client import AsyncVolcanoLocks, VolcanoLocks
 from volcano_locks.errors import (
     AuthError,
     ConflictError,
+    ErrorCode,
     InvalidRequest,
     LockContention,
     OwnershipLost,
@@ -32,6 +33,7 @@ __all__ = [
     "AsyncVolcanoLocks",
     "AuthError",
     "ConflictError",
+    "ErrorCode",
     "InvalidRequest",
     "LockContention",
     "LockGuard",

@@ -1,4 +1,4 @@
-"""The one exception tree of volcano-locks.
+"""The one exception tree of volcano-locks, and the stable codes its errors carry.
 
 ::
 
@@ -12,16 +12,20 @@
      ├── Unavailable                  503: the locks control plane fails closed
      ├── ServerError                  any other 5xx
      ├── TransportError               no response at all (connect, timeout, dropped connection)
-     └── ProtocolError                a response breaking the contract (not JSON, missing or mistyped fields)
+     ├── ProtocolError                a response breaking the contract (not JSON, missing or mistyped fields)
+     └── StaleFencingToken            (volcano_locks.fencing) a fenced store refused a write with an old token
 
 Messages never contain a service key or an ownership token. httpx exceptions become
-:class:`TransportError` in exactly one place, :func:`translate_transport_errors`.
+:class:`TransportError` in exactly one place, :func:`translate_transport_errors`. The ``code`` of an
+error is one of :class:`ErrorCode` (the server's own codes, and those the client sets itself); compare
+codes with the constants, never error texts.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from enum import StrEnum
 from typing import TYPE_CHECKING
 
 import httpx
@@ -32,6 +36,7 @@ if TYPE_CHECKING:
 __all__ = [
     "AuthError",
     "ConflictError",
+    "ErrorCode",
     "InvalidRequest",
     "LockContention",
     "OwnershipLost",
@@ -44,6 +49,37 @@ __all__ = [
     "WaitTimeout",
     "translate_transport_errors",
 ]
+
+
+class ErrorCode(StrEnum):
+    """The stable machine codes on errors (``exc.code``); each compares equal to its string."""
+
+    LOCK_HELD = "lock_held"
+    """409 on acquire: another live lease owns the lock."""
+    OWNERSHIP_LOST = "lock_ownership_lost"
+    """409: this token's lease lapsed or was taken (on acquire: not yet reclaimable)."""
+    RATE_LIMITED = "lock_rate_limited"
+    """429: the project's requests for this minute are spent."""
+    WAIT_TIMEOUT = "wait_timeout"
+    """A wait for a lock ran out of time (``WaitTimeout``)."""
+    NO_SAFE_WINDOW = "no_safe_window"
+    """A fresh lease had no safe renewal window; ``with_lock`` did not enter its block."""
+    INTERRUPTED = "interrupted"
+    """The body of a sync ``with_lock`` was interrupted on loss (replaced by the loss itself on exit)."""
+    LOCAL_DEADLINE_PASSED = "local_deadline_passed"
+    """The keeper's local deadline passed before a renewal succeeded."""
+    RENEWAL_STALLED = "renewal_stalled"
+    """A renewal was still in flight at the local deadline."""
+    RENEWAL_WINDOW_EXHAUSTED = "renewal_window_exhausted"
+    """Transient renewal failures used up the safe window."""
+    ABSOLUTE_DEADLINE_REACHED = "absolute_deadline_reached"
+    """The lease reached its 90-day absolute deadline."""
+    RENEWAL_FAILED = "renewal_failed"
+    """A renewal failed for good (400, 401, 403, 5xx other than 503, a broken response)."""
+    KEEPER_FAILED = "keeper_failed"
+    """The lease keeper itself failed unexpectedly."""
+    STALE_FENCING_TOKEN = "stale_fencing_token"
+    """A fenced store refused a write with an older fencing token."""
 
 
 class VolcanoError(Exception):

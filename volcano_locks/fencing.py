@@ -31,19 +31,26 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from volcano_locks.errors import ErrorCode, VolcanoError
+
 __all__ = ["FencedTable", "FencedWrite", "StaleFencingToken"]
 
 _IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,50}$")
 
 
-class StaleFencingToken(RuntimeError):
-    """A write carried a fencing token older than the stored one: its writer lost the lock."""
+class StaleFencingToken(VolcanoError, RuntimeError):
+    """A write carried a fencing token older than the stored one: its writer lost the lock.
+
+    Part of the one error tree (a :class:`~volcano_locks.errors.VolcanoError` with code
+    ``stale_fencing_token``); still a ``RuntimeError`` for code written before it was.
+    """
 
     def __init__(self, resource: str, fencing_token: int, stored: FencedWrite | None) -> None:
         held = f"fencing token {stored.fencing_token} of lock {stored.lock_key!r}" if stored else "nothing"
         super().__init__(
             f"stale write to {resource!r} rejected: fencing token {fencing_token} is older than the stored "
-            f"{held}; the writer no longer holds the lock"
+            f"{held}; the writer no longer holds the lock",
+            code=ErrorCode.STALE_FENCING_TOKEN,
         )
         self.resource = resource
         self.fencing_token = fencing_token

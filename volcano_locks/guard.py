@@ -24,7 +24,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar, cast
 
 from volcano_locks.clock import lease_clock
-from volcano_locks.errors import InvalidRequest, LockContention, OwnershipLost, VolcanoError
+from volcano_locks.errors import ErrorCode, InvalidRequest, LockContention, OwnershipLost, VolcanoError
 from volcano_locks.models import LockLease
 from volcano_locks.protocol import (
     validate_key,
@@ -90,7 +90,7 @@ class _InterruptedByLoss(OwnershipLost):
     def __init__(
         self, message: str = "lock ownership lost while the block was running", **kwargs: object
     ) -> None:
-        super().__init__(message, code="interrupted")
+        super().__init__(message, code=ErrorCode.INTERRUPTED)
 
 
 def _check_options(
@@ -186,7 +186,9 @@ def _enter_flow(opts: _Options, client_timeout: float) -> Generator[_Step, objec
         if not _no_window(lease, timing, lease_clock()):
             return lease, timing
     yield _Release(lease)
-    raise OwnershipLost("acquired lease has no safe renewal window; block not entered", code="no_safe_window")
+    raise OwnershipLost(
+        "acquired lease has no safe renewal window; block not entered", code=ErrorCode.NO_SAFE_WINDOW
+    )
 
 
 def _advance(flow: Generator[_Step, object, _Entered], outcome: object) -> tuple[_Step | None, _Entered]:

@@ -32,7 +32,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from volcano_locks.clock import lease_clock
-from volcano_locks.errors import OwnershipLost, RateLimited, TransportError, Unavailable, VolcanoError
+from volcano_locks.errors import (
+    ErrorCode,
+    OwnershipLost,
+    RateLimited,
+    TransportError,
+    Unavailable,
+    VolcanoError,
+)
 from volcano_locks.models import LockLease
 
 __all__ = [
@@ -55,12 +62,12 @@ logger = logging.getLogger("volcano_locks.renewal")
 MAX_RENEWAL_INTERVAL = 60.0
 """Renew at least this often (seconds), whatever the TTL."""
 
-LOSS_LOCAL_DEADLINE = "local_deadline_passed"
-LOSS_RENEWAL_STALLED = "renewal_stalled"
-LOSS_WINDOW_EXHAUSTED = "renewal_window_exhausted"
-LOSS_ABSOLUTE_DEADLINE = "absolute_deadline_reached"
-LOSS_RENEWAL_FAILED = "renewal_failed"
-LOSS_KEEPER_FAILED = "keeper_failed"
+LOSS_LOCAL_DEADLINE = ErrorCode.LOCAL_DEADLINE_PASSED
+LOSS_RENEWAL_STALLED = ErrorCode.RENEWAL_STALLED
+LOSS_WINDOW_EXHAUSTED = ErrorCode.RENEWAL_WINDOW_EXHAUSTED
+LOSS_ABSOLUTE_DEADLINE = ErrorCode.ABSOLUTE_DEADLINE_REACHED
+LOSS_RENEWAL_FAILED = ErrorCode.RENEWAL_FAILED
+LOSS_KEEPER_FAILED = ErrorCode.KEEPER_FAILED
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,7 @@ from typing import ClassVar, Protocol
 
 from volcano_locks.clock import lease_clock
 from volcano_locks.errors import (
+    ErrorCode,
     LockContention,
     RateLimited,
     ServerError,
@@ -376,7 +377,7 @@ def _wait_flow(
             if not waiter.first and deadline is not None and now >= deadline:
                 raise WaitTimeout(
                     f"lock {waiter.key!r} still held after waiting {timeout:g} s",
-                    code="wait_timeout",
+                    code=ErrorCode.WAIT_TIMEOUT,
                     holder=entry.holder,
                 )
             if next_report is not None and now >= next_report:

@@ -11,6 +11,7 @@ import volcano_locks
 from volcano_locks.errors import (
     AuthError,
     ConflictError,
+    ErrorCode,
     InvalidRequest,
     LockContention,
     OwnershipLost,
@@ -62,12 +63,12 @@ def test_attributes_and_text() -> None:
 
 def test_pickle_keeps_attributes() -> None:
     holder = LockState(True, None, 4)
-    exc = WaitTimeout("still held", code="wait_timeout", holder=holder)
+    exc = WaitTimeout("still held", code=ErrorCode.WAIT_TIMEOUT, holder=holder)
     back = pickle.loads(pickle.dumps(exc))
     assert (
         type(back) is WaitTimeout
         and back.holder == holder
-        and back.code == "wait_timeout"
+        and back.code == ErrorCode.WAIT_TIMEOUT
         and str(back) == str(exc)
     )
 

@@ -21,6 +21,7 @@ from volcano_locks import (
     VolcanoLocks,
     WaitTimeout,
 )
+from volcano_locks.errors import ErrorCode
 from volcano_locks.server.harness import LocalServer
 
 
@@ -156,7 +157,7 @@ def test_no_safe_window_at_all_refuses_to_enter(
     admin_server.set_faults("delay=4.3:count=1:op=acquire:when=after")
     with pytest.raises(OwnershipLost) as info, sync_client.with_lock(unique_key, 5):
         pytest.fail("entered without a safe window")
-    assert info.value.code == "no_safe_window"
+    assert info.value.code == ErrorCode.NO_SAFE_WINDOW
     assert sync_client.get(unique_key).held is False
 
 
@@ -176,8 +177,8 @@ def test_loss_when_server_stops_answering(tmp_path: Any, unique_key: str, how: s
                 srv.set_faults("delay=30:op=renew")
             assert guard.wait_lost(15)
         assert info.value is guard.loss
-        assert info.value.code in ("renewal_window_exhausted", "renewal_stalled")
-        if info.value.code == "renewal_window_exhausted":
+        assert info.value.code in (ErrorCode.RENEWAL_WINDOW_EXHAUSTED, ErrorCode.RENEWAL_STALLED)
+        if info.value.code == ErrorCode.RENEWAL_WINDOW_EXHAUSTED:
             assert isinstance(info.value.__cause__, TransportError)  # the reason survives the exit
         assert len(declared) == 1 and declared[0] <= deadline  # decided before the local deadline passed
 
@@ -292,7 +293,7 @@ async def test_async_loss_when_server_stops_answering(tmp_path: Any, unique_key:
                     srv.set_faults("delay=30:op=renew")
                     await asyncio.sleep(30)
             assert time.monotonic() <= deadline + 2.0  # loss came by the deadline (+ the release)
-            assert info.value.code in ("renewal_window_exhausted", "renewal_stalled")
+            assert info.value.code in (ErrorCode.RENEWAL_WINDOW_EXHAUSTED, ErrorCode.RENEWAL_STALLED)
             assert (
                 not isinstance(info.value.__context__, asyncio.CancelledError)
                 or info.value.__suppress_context__

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from volcano_locks.errors import AuthError, OwnershipLost, RateLimited, TransportError, Unavailable
+from volcano_locks.errors import AuthError, ErrorCode, OwnershipLost, RateLimited, TransportError, Unavailable
 from volcano_locks.models import LockLease
 from volcano_locks.renewal import (
     AsyncLeaseKeeper,
@@ -104,7 +104,7 @@ def test_ttl30_with_little_time_left() -> None:
     assert schedule.next_action(25.0) == Attempt(timeout=pytest.approx(4.0), deadline=30.0)
     assert schedule.next_action(28.5) == Attempt(timeout=pytest.approx(0.5), deadline=30.0)
     lost = schedule.next_action(28.9)
-    assert isinstance(lost, Lose) and lost.loss.code == "renewal_window_exhausted"
+    assert isinstance(lost, Lose) and lost.loss.code == ErrorCode.RENEWAL_WINDOW_EXHAUSTED
 
 
 def test_long_request_timeout_pulls_renewal_earlier() -> None:
@@ -127,7 +127,7 @@ def test_ninety_day_clamp() -> None:
     schedule = RenewalSchedule(clamped, T30, lambda: 0.5)
     assert schedule.next_action(5.0) == Wait(20.0)
     lost = schedule.next_action(20.0)
-    assert isinstance(lost, Lose) and lost.loss.code == "absolute_deadline_reached"
+    assert isinstance(lost, Lose) and lost.loss.code == ErrorCode.ABSOLUTE_DEADLINE_REACHED
 
 
 def test_ninety_day_clamp_after_renewals() -> None:
@@ -145,7 +145,11 @@ def test_ninety_day_clamp_after_renewals() -> None:
     keeper.run()
     assert [round(at, 3) for at, _ in calls] == [10.0]  # the renewal that reached the deadline was the last
     assert keeper.lease.local_deadline == 35.0
-    assert keeper.loss is not None and keeper.loss.code == "absolute_deadline_reached" and clock.now == 35.0
+    assert (
+        keeper.loss is not None
+        and keeper.loss.code == ErrorCode.ABSOLUTE_DEADLINE_REACHED
+        and clock.now == 35.0
+    )
 
 
 def test_backoff_grows_and_is_capped() -> None:
@@ -226,14 +230,16 @@ def test_retry_after_is_honoured_exactly_within_the_window() -> None:
 def test_retry_after_beyond_the_window_is_loss() -> None:
     keeper, clock, calls = make_keeper([RateLimited("slow", status=429, retry_after=25.0)])
     keeper.run()
-    assert len(calls) == 1 and keeper.loss is not None and keeper.loss.code == "renewal_window_exhausted"
+    assert (
+        len(calls) == 1 and keeper.loss is not None and keeper.loss.code == ErrorCode.RENEWAL_WINDOW_EXHAUSTED
+    )
     assert isinstance(keeper.loss.__cause__, RateLimited) and clock.now < 11
 
 
 def test_window_exhausted_by_failures_is_loss_before_the_deadline() -> None:
     keeper, clock, calls = make_keeper([TransportError(f"n{i}") for i in range(100)])
     keeper.run()
-    assert keeper.loss is not None and keeper.loss.code == "renewal_window_exhausted"
+    assert keeper.loss is not None and keeper.loss.code == ErrorCode.RENEWAL_WINDOW_EXHAUSTED
     assert "failed renewal" in str(keeper.loss) and isinstance(keeper.loss.__cause__, TransportError)
     assert all(
         at + timeout <= 30.0 - 1.0 + 1e-9 for at, timeout in calls
@@ -244,7 +250,7 @@ def test_window_exhausted_by_failures_is_loss_before_the_deadline() -> None:
 def test_stalled_renewal_is_loss_even_if_it_succeeds_late() -> None:
     keeper, _clock, calls = make_keeper([25.0])  # the first renewal answers 25 s late
     keeper.run()
-    assert keeper.loss is not None and keeper.loss.code == "renewal_stalled" and len(calls) == 1
+    assert keeper.loss is not None and keeper.loss.code == ErrorCode.RENEWAL_STALLED and len(calls) == 1
 
 
 def test_stalled_renewal_with_no_answer_is_loss_at_the_local_deadline() -> None:
@@ -261,7 +267,7 @@ def test_stalled_renewal_with_no_answer_is_loss_at_the_local_deadline() -> None:
     keeper.start()
     try:
         assert keeper.wait_lost(10)
-        assert keeper.loss is not None and keeper.loss.code == "renewal_stalled"
+        assert keeper.loss is not None and keeper.loss.code == ErrorCode.RENEWAL_STALLED
         assert time.monotonic() - start < 5  # generous: only catches a keeper that waited for the answer
     finally:
         release.set()
@@ -271,7 +277,7 @@ def test_stalled_renewal_with_no_answer_is_loss_at_the_local_deadline() -> None:
 def test_ownership_lost_and_other_errors_are_final() -> None:
     keeper, _, calls = make_keeper([AuthError("revoked", status=401), None])
     keeper.run()
-    assert keeper.loss is not None and keeper.loss.code == "renewal_failed" and len(calls) == 1
+    assert keeper.loss is not None and keeper.loss.code == ErrorCode.RENEWAL_FAILED and len(calls) == 1
     assert isinstance(keeper.loss.__cause__, AuthError)
 
 
@@ -305,7 +311,9 @@ def test_keeper_never_dies_silently() -> None:
         on_loss=reported.append,
     )
     keeper.run()
-    assert keeper.loss is not None and keeper.loss.code == "keeper_failed" and reported == [keeper.loss]
+    assert (
+        keeper.loss is not None and keeper.loss.code == ErrorCode.KEEPER_FAILED and reported == [keeper.loss]
+    )
     assert isinstance(keeper.loss.__cause__, RuntimeError)
 
 
@@ -377,7 +385,7 @@ async def test_async_stalled_renewal_is_loss_at_the_deadline() -> None:
     keeper = AsyncLeaseKeeper(held, renew, timing=KeeperTiming(request_timeout=0.4, margin=0.1))
     keeper.start()
     assert await keeper.wait_lost(10)
-    assert keeper.loss is not None and keeper.loss.code == "renewal_stalled"
+    assert keeper.loss is not None and keeper.loss.code == ErrorCode.RENEWAL_STALLED
     await keeper.stop()
 
 
