@@ -39,7 +39,7 @@ from volcano_locks.governor import Governor
 from volcano_locks.guard import AsyncLockContext, LockContext, OnContention
 from volcano_locks.models import LockLease, LockState
 from volcano_locks.protocol import Call, Flow, Reply
-from volcano_locks.waiting import OnWaiting, async_wait_acquire, wait_acquire, wake
+from volcano_locks.waiting import OnWaiting, WaitPolicy, async_wait_acquire, wait_acquire, wake
 
 __all__ = ["MAX_RESPONSE_BYTES", "AsyncVolcanoLocks", "VolcanoLocks"]
 
@@ -300,17 +300,21 @@ class VolcanoLocks(_Base):
         token: str | None = None,
         poll: float = 1.0,
         on_waiting: OnWaiting | None = None,
+        policy: WaitPolicy | None = None,
     ) -> LockLease:
         """Acquire ``key``, waiting out contention for up to ``timeout`` seconds (``None``: no bound).
 
         The wait is governed (see :mod:`volcano_locks.waiting`): looks back off from ``poll`` seconds,
         share one poll per key in this process and draw from the process's waiting budget.
-        ``on_waiting(holder, waited)`` is called when the wait starts and about every minute after.
+        ``on_waiting(holder, waited)`` is called when the wait starts and about every minute after;
+        ``policy`` sets the backoff (:class:`~volcano_locks.waiting.WaitPolicy`).
 
         Raises:
             WaitTimeout: Still held when ``timeout`` ran out (``.holder`` is the last state seen).
         """
-        return wait_acquire(self, key, ttl, timeout=timeout, token=token, poll=poll, on_waiting=on_waiting)
+        return wait_acquire(
+            self, key, ttl, timeout=timeout, token=token, poll=poll, on_waiting=on_waiting, policy=policy
+        )
 
     def with_lock(
         self,
@@ -481,10 +485,11 @@ class AsyncVolcanoLocks(_Base):
         token: str | None = None,
         poll: float = 1.0,
         on_waiting: OnWaiting | None = None,
+        policy: WaitPolicy | None = None,
     ) -> LockLease:
         """Acquire ``key``, waiting out contention for up to ``timeout`` seconds (``None``: no bound)."""
         return await async_wait_acquire(
-            self, key, ttl, timeout=timeout, token=token, poll=poll, on_waiting=on_waiting
+            self, key, ttl, timeout=timeout, token=token, poll=poll, on_waiting=on_waiting, policy=policy
         )
 
     def with_lock(

@@ -67,10 +67,11 @@ async def wait_for_lock(
     :param token: the ownership token to acquire with (derived for the task try).
     :param ttl: the TTL to acquire with.
     :param deadline: give up at this wall-clock time (epoch seconds); ``None``: no bound.
-    :param poll: seconds before the first look; later looks back off.
+    :param poll: seconds between looks at the held lock (the triggerer's budget caps the total).
     :param log: where "still waiting" lines go (the trigger's logger: the task's log).
     """
     from volcano_locks import AuthError, InvalidRequest, VolcanoError, WaitTimeout
+    from volcano_locks.waiting import WaitPolicy
 
     def still_waiting(holder: LockState | None, waited: float) -> None:
         log.info("Still waiting for lock %r after %.0f s; it is %s", key, waited, _holder_facts(holder))
@@ -79,7 +80,16 @@ async def wait_for_lock(
     async with hook.get_async_client() as client:
         try:
             lease = await client.wait_acquire(
-                key, ttl, timeout=timeout, token=token, poll=poll, on_waiting=still_waiting
+                key,
+                ttl,
+                timeout=timeout,
+                token=token,
+                poll=poll,
+                on_waiting=still_waiting,
+                # One triggerer waits for many tasks: its looks at a key are shared by every trigger
+                # on it and its total is capped by its waiting budget, so it need not back off the
+                # way separate waiting processes must; a steady interval keeps handoffs quick.
+                policy=WaitPolicy(poll=poll, factor=1.0, cap=poll),
             )
         except WaitTimeout as exc:
             return WaitOutcome(
