@@ -23,7 +23,7 @@ from volcano_locks.errors import (
     WaitTimeout,
 )
 from volcano_locks.guard import AsyncLockGuard, LockGuard
-from volcano_locks.models import LockLease, LockState
+from volcano_locks.models import LeaseFacts, LockLease, LockState
 from volcano_locks.protocol import validate_key, validate_ttl, validate_wait_timeout
 from volcano_locks.sdk import AsyncVolcanoClient, VolcanoClient
 
@@ -35,6 +35,7 @@ __all__ = [
     "ConflictError",
     "ErrorCode",
     "InvalidRequest",
+    "LeaseFacts",
     "LockContention",
     "LockGuard",
     "LockLease",

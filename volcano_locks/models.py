@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
-__all__ = ["ABSOLUTE_LEASE_SECONDS", "LockLease", "LockState"]
+__all__ = ["ABSOLUTE_LEASE_SECONDS", "LeaseFacts", "LockLease", "LockState"]
 
 ABSOLUTE_LEASE_SECONDS = 90 * 24 * 3600
 """Every acquisition ends at most 90 days after it started, whatever renewals happen."""
@@ -36,14 +37,53 @@ class LockLease:
     local_deadline: float
     absolute_deadline: float
 
+    def facts(self) -> LeaseFacts:
+        """The lease's public facts (for XCom, task results, events and logs): never the token."""
+        return LeaseFacts(self.key, self.fencing_token, self.acquired_at, self.expires_at, self.ttl)
+
     def public_dict(self) -> dict[str, str | int]:
-        """Return the shareable part of the lease (for XCom, task results and logs): no token."""
+        """Return the public facts as JSON primitives (``self.facts().as_dict()``)."""
+        return self.facts().as_dict()
+
+
+@dataclass(frozen=True)
+class LeaseFacts:
+    """What anyone may know of a lease: the one public form, shared by the core and both integrations.
+
+    Attributes:
+        lock_key: The lock key.
+        fencing_token: The lease's fencing token; hand it to every write the lock protects.
+        acquired_at: When the acquisition was sent (aware UTC).
+        expires_at: When the server lets the lease lapse unless renewed (aware UTC, as last renewed).
+        ttl: The lease's TTL in seconds.
+    """
+
+    lock_key: str
+    fencing_token: int
+    acquired_at: datetime
+    expires_at: datetime
+    ttl: int
+
+    def as_dict(self) -> dict[str, str | int]:
+        """The facts as JSON primitives (ISO 8601 timestamps): what XCom and task results carry."""
         return {
-            "lock_key": self.key,
+            "lock_key": self.lock_key,
             "fencing_token": self.fencing_token,
             "acquired_at": self.acquired_at.isoformat(),
             "expires_at": self.expires_at.isoformat(),
+            "ttl": self.ttl,
         }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> LeaseFacts:
+        """Rebuild the facts from :meth:`as_dict` output (e.g. read back from XCom)."""
+        return cls(
+            lock_key=str(data["lock_key"]),
+            fencing_token=int(data["fencing_token"]),  # type: ignore[call-overload]
+            acquired_at=datetime.fromisoformat(str(data["acquired_at"])),
+            expires_at=datetime.fromisoformat(str(data["expires_at"])),
+            ttl=int(data["ttl"]),  # type: ignore[call-overload]
+        )
 
 
 @dataclass(frozen=True)

@@ -79,7 +79,7 @@ def test_runs_callable_under_the_lock_and_pushes_public_lease(volcano_conn, outs
     assert result == 42
     assert seen["held_during"] is True
     lease = ctx["ti"].xcoms["volcano_lease"]
-    assert set(lease) == {"lock_key", "fencing_token", "acquired_at", "expires_at"}
+    assert set(lease) == {"lock_key", "fencing_token", "acquired_at", "expires_at", "ttl"}
     assert lease["lock_key"] == unique_key and lease["fencing_token"] == seen["fencing_token"]
     assert outside.get(unique_key).held is False  # released afterwards
 
