@@ -13,6 +13,9 @@ import pytest
 
 from volcano_locks.server.harness import LocalServer
 
+# pytester runs whole sessions against this conftest (tests/server/test_harness.py).
+pytest_plugins = ["pytester"]
+
 
 @pytest.fixture(scope="session")
 def volcano_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:

@@ -8,8 +8,10 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
+import pytest
 
 from volcano_locks.server.harness import LocalServer
 
@@ -102,9 +104,50 @@ def test_server_exits_when_the_process_that_started_it_dies() -> None:
     raise AssertionError("the orphaned server kept running")
 
 
-def test_faults_set_on_the_shared_server_first(volcano_server: LocalServer) -> None:
+ROOT_CONFTEST = Path(__file__).resolve().parents[1] / "conftest.py"
+PG_SELECT = ROOT_CONFTEST.with_name("pg_select.py")
+
+INNER_TESTS = """
+def test_sets_a_fault(volcano_server):
     volcano_server.set_faults("status=503:op=get")
+    assert volcano_server.faults() != ""
 
 
-def test_faults_were_cleared_after_the_previous_test(volcano_server: LocalServer) -> None:
+def test_runs_next_and_sees_no_fault(volcano_server):
     assert volcano_server.faults() == ""
+"""
+
+# Shadows the root autouse fixture by name, so the control run shows what the inner check sees without it.
+NO_RESET_CONFTEST = """
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _volcano_server_faults_reset():
+    yield
+"""
+
+
+@pytest.mark.parametrize("reset", [True, False], ids=["root-conftest", "reset-disabled"])
+def test_autouse_fixture_clears_faults_a_test_left_on_the_shared_server(
+    pytester: pytest.Pytester, reset: bool
+) -> None:
+    """A session run with the root conftest: the second test sees no fault that the first one set.
+
+    The control run shadows the reset fixture and must see the fault, so the check can fail. Both runs
+    are whole sessions of their own (own server, fixed test order), independent of this file's order.
+    """
+    pytester.makeconftest(ROOT_CONFTEST.read_text())
+    pytester.makepyfile(pg_select=PG_SELECT.read_text())
+    if reset:
+        pytester.makepyfile(test_inner=INNER_TESTS)
+    else:
+        pytester.mkpydir("sub").joinpath("conftest.py").write_text(NO_RESET_CONFTEST)
+        pytester.path.joinpath("sub", "test_inner.py").write_text(INNER_TESTS)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly", timeout=120)
+    if reset:
+        result.assert_outcomes(passed=2)
+    else:
+        result.assert_outcomes(passed=1, failed=1)
+        result.stdout.fnmatch_lines(["*assert 'status=503:op=get' == ''*"])
+        result.stdout.fnmatch_lines(["FAILED*test_runs_next_and_sees_no_fault*"])
