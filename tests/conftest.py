@@ -1,4 +1,4 @@
-"""Root fixtures shared by every test package: a session server, unique lock keys, a PostgreSQL DSN."""
+"""Root fixtures for every test package: a session server, a client on it, lock keys, a PostgreSQL DSN."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from contextlib import ExitStack
 import pg_select
 import pytest
 
+from volcano_locks import VolcanoLocks
 from volcano_locks.server.harness import LocalServer
 
 # pytester runs whole sessions against this conftest (tests/server/test_harness.py).
@@ -37,6 +38,16 @@ def _volcano_server_faults_reset(request: pytest.FixtureRequest) -> Iterator[Non
         srv: LocalServer = request.getfixturevalue("volcano_server")
         if srv.running and srv.faults():
             srv.set_faults(None)
+
+
+@pytest.fixture(scope="module")
+def volcano_client(volcano_server: LocalServer) -> Iterator[VolcanoLocks]:
+    """A sync `VolcanoLocks` on the session server with its service key, shared by one test module.
+
+    Module-scoped so Hypothesis tests can use it too; take `unique_key`s and release what you hold.
+    """
+    with VolcanoLocks(volcano_server.url, service_key=volcano_server.service_key, timeout=10.0) as client:
+        yield client
 
 
 @pytest.fixture

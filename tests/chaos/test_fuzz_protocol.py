@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
@@ -34,7 +34,6 @@ from volcano_locks import (
     VolcanoError,
     VolcanoLocks,
 )
-from volcano_locks.server.harness import LocalServer
 
 from .fuzzing import FUZZ
 
@@ -84,12 +83,6 @@ def _valid_ttl(ttl: object) -> bool:
     return isinstance(ttl, int) and not isinstance(ttl, bool) and 5 <= ttl <= 7_776_000
 
 
-@pytest.fixture(scope="module")
-def client(volcano_server: LocalServer) -> Iterator[VolcanoLocks]:
-    with VolcanoLocks(volcano_server.url, service_key=volcano_server.service_key, timeout=10.0) as c:
-        yield c
-
-
 @FUZZ
 @given(
     key=any_keys,
@@ -98,7 +91,7 @@ def client(volcano_server: LocalServer) -> Iterator[VolcanoLocks]:
     request_id=st.one_of(st.none(), any_uuids),
 )
 def test_acquire_input_gives_invalid_request_before_sending_or_a_correct_lease(
-    client: VolcanoLocks, key: Any, ttl: Any, token: Any, request_id: Any
+    volcano_client: VolcanoLocks, key: Any, ttl: Any, token: Any, request_id: Any
 ) -> None:
     valid = (
         _is_match(KEY_RE, key)
@@ -110,17 +103,17 @@ def test_acquire_input_gives_invalid_request_before_sending_or_a_correct_lease(
     if isinstance(key, str) and _is_match(KEY_RE, key) and len(key) <= 100:
         key = f"fz{uuid.uuid4().hex[:12]}{key}"
         valid = valid and _is_match(KEY_RE, key)
-    sent = client.requests_sent
+    sent = volcano_client.requests_sent
     if not valid:
         with pytest.raises(InvalidRequest) as err:
-            client.acquire(key, ttl, token=token, request_id=request_id)
-        assert client.requests_sent == sent, "validation must happen before any request is sent"
+            volcano_client.acquire(key, ttl, token=token, request_id=request_id)
+        assert volcano_client.requests_sent == sent, "validation must happen before any request is sent"
         assert isinstance(err.value, ValueError)
         if isinstance(token, str) and len(token) >= 12:
             assert token not in str(err.value) and token not in repr(err.value)
         return
     before = datetime.now(UTC)
-    lease = client.acquire(key, ttl, token=token, request_id=request_id)
+    lease = volcano_client.acquire(key, ttl, token=token, request_id=request_id)
     try:
         assert isinstance(lease, LockLease)
         assert lease.key == key and lease.ttl == ttl
@@ -130,40 +123,42 @@ def test_acquire_input_gives_invalid_request_before_sending_or_a_correct_lease(
         expected = before + timedelta(seconds=min(ttl, 90 * 24 * 3600))
         assert abs((lease.expires_at - expected).total_seconds()) < 30
         assert lease.token not in repr(lease)
-        assert client.get(key).held
+        assert volcano_client.get(key).held
     finally:
-        client.release(key, lease)
-    assert not client.get(key).held
+        volcano_client.release(key, lease)
+    assert not volcano_client.get(key).held
 
 
 @FUZZ
 @given(key=any_keys, ttl=any_ttls)
 def test_with_lock_and_wait_acquire_reject_bad_input_before_sending(
-    client: VolcanoLocks, key: Any, ttl: Any
+    volcano_client: VolcanoLocks, key: Any, ttl: Any
 ) -> None:
     assume(not (_is_match(KEY_RE, key) and _valid_ttl(ttl)))
-    sent = client.requests_sent
-    with pytest.raises(InvalidRequest), client.with_lock(key, ttl):
+    sent = volcano_client.requests_sent
+    with pytest.raises(InvalidRequest), volcano_client.with_lock(key, ttl):
         pytest.fail("the body must not run")
     with pytest.raises(InvalidRequest):
-        client.wait_acquire(key, ttl, timeout=1.0)
-    assert client.requests_sent == sent
+        volcano_client.wait_acquire(key, ttl, timeout=1.0)
+    assert volcano_client.requests_sent == sent
 
 
 @FUZZ
 @given(key=any_keys, request_id=st.one_of(st.none(), any_uuids))
-def test_get_and_force_release_validate_or_answer(client: VolcanoLocks, key: Any, request_id: Any) -> None:
+def test_get_and_force_release_validate_or_answer(
+    volcano_client: VolcanoLocks, key: Any, request_id: Any
+) -> None:
     valid = _is_match(KEY_RE, key) and (request_id is None or _is_match(UUID_RE, request_id))
     if isinstance(key, str) and valid:
         key = f"fz{uuid.uuid4().hex[:12]}{key}"[:128]
     if not valid:
         with pytest.raises(InvalidRequest):
-            client.get(key, request_id=request_id)
+            volcano_client.get(key, request_id=request_id)
         with pytest.raises(InvalidRequest):
-            client.force_release(key, request_id=request_id)
+            volcano_client.force_release(key, request_id=request_id)
         return
-    assert client.get(key, request_id=request_id) == LockState(held=False)
-    assert client.force_release(key, request_id=request_id) is None
+    assert volcano_client.get(key, request_id=request_id) == LockState(held=False)
+    assert volcano_client.force_release(key, request_id=request_id) is None
 
 
 # ------------------------------------------------------------------------------- responses (MockTransport)

@@ -5,34 +5,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cli_runner import run_cli
 
 from volcano_locks import VolcanoLocks
 from volcano_locks.server.auth import mint_key
 from volcano_locks.server.harness import LocalServer
-
-
-def run_cli(*args: str, env: dict[str, str], stdin_fd: int | None = None) -> subprocess.CompletedProcess[str]:
-    """Run `python -m volcano_locks ...` with exactly the given VOLCANO_* environment."""
-    base = {k: v for k, v in os.environ.items() if not k.startswith("VOLCANO_")}
-    return subprocess.run(
-        [sys.executable, "-m", "volcano_locks", *args],
-        env={**base, **env},
-        stdin=stdin_fd if stdin_fd is not None else subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
-@pytest.fixture
-def client(volcano_server: LocalServer) -> Iterator[VolcanoLocks]:
-    with VolcanoLocks(api_url=volcano_server.url, service_key=volcano_server.service_key) as c:
-        yield c
 
 
 def assert_no_secret(result: subprocess.CompletedProcess[str], *secrets: str) -> None:
@@ -47,9 +27,9 @@ def test_get_free_lock(volcano_server: LocalServer, unique_key: str) -> None:
 
 
 def test_get_held_lock_shows_token_and_countdown(
-    volcano_server: LocalServer, client: VolcanoLocks, unique_key: str
+    volcano_server: LocalServer, volcano_client: VolcanoLocks, unique_key: str
 ) -> None:
-    lease = client.acquire(unique_key, 60)
+    lease = volcano_client.acquire(unique_key, 60)
     try:
         result = run_cli("get", unique_key, env=volcano_server.env())
         assert result.returncode == 0, result.stderr
@@ -63,49 +43,53 @@ def test_get_held_lock_shows_token_and_countdown(
         assert body["held"] is True and body["fencing_token"] == lease.fencing_token
         assert body["key"] == unique_key and body["expires_at"].startswith(str(lease.expires_at.year))
     finally:
-        client.release(unique_key, lease)
+        volcano_client.release(unique_key, lease)
 
 
 def test_force_release_with_yes_frees_the_lock_and_warns(
-    volcano_server: LocalServer, client: VolcanoLocks, unique_key: str
+    volcano_server: LocalServer, volcano_client: VolcanoLocks, unique_key: str
 ) -> None:
-    lease = client.acquire(unique_key, 60)
+    lease = volcano_client.acquire(unique_key, 60)
     result = run_cli("force-release", unique_key, "--yes", env=volcano_server.env())
     assert result.returncode == 0, result.stderr
     assert "fencing tokens" in result.stderr  # the safety warning is always printed
-    assert client.get(unique_key).held is False
+    assert volcano_client.get(unique_key).held is False
     assert_no_secret(result, lease.token, volcano_server.service_key)
 
 
 def test_force_release_without_terminal_or_yes_changes_nothing(
-    volcano_server: LocalServer, client: VolcanoLocks, unique_key: str
+    volcano_server: LocalServer, volcano_client: VolcanoLocks, unique_key: str
 ) -> None:
-    lease = client.acquire(unique_key, 60)
+    lease = volcano_client.acquire(unique_key, 60)
     try:
         result = run_cli("force-release", unique_key, env=volcano_server.env())
         assert result.returncode == 1
         assert "--yes" in result.stderr
-        assert client.get(unique_key).held is True
+        assert volcano_client.get(unique_key).held is True
     finally:
-        client.release(unique_key, lease)
+        volcano_client.release(unique_key, lease)
 
 
 @pytest.mark.parametrize(("answer", "released"), [("wrong-key", False), (None, True)])
 def test_force_release_confirmation_on_a_terminal(
-    volcano_server: LocalServer, client: VolcanoLocks, unique_key: str, answer: str | None, released: bool
+    volcano_server: LocalServer,
+    volcano_client: VolcanoLocks,
+    unique_key: str,
+    answer: str | None,
+    released: bool,
 ) -> None:
-    lease = client.acquire(unique_key, 60)
+    lease = volcano_client.acquire(unique_key, 60)
     master, slave = os.openpty()
     try:
         os.write(master, f"{answer or unique_key}\n".encode())
         result = run_cli("force-release", unique_key, env=volcano_server.env(), stdin_fd=slave)
         assert result.returncode == (0 if released else 1), result.stderr
-        assert client.get(unique_key).held is not released
+        assert volcano_client.get(unique_key).held is not released
     finally:
         os.close(master)
         os.close(slave)
         if not released:
-            client.release(unique_key, lease)
+            volcano_client.release(unique_key, lease)
 
 
 def test_missing_settings_are_usage_errors(volcano_server: LocalServer) -> None:

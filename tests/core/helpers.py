@@ -1,14 +1,19 @@
-"""Small helpers for the core tests: drive sans-I/O flows with scripted replies, build leases."""
+"""Small helpers for the core tests: scripted replies for sans-I/O flows, leases, both clients as one."""
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import json
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
+from volcano_locks import AsyncVolcanoLocks, VolcanoLocks
 from volcano_locks.errors import TransportError
 from volcano_locks.models import ABSOLUTE_LEASE_SECONDS, LockLease
 from volcano_locks.protocol import Call, Flow, Reply
+from volcano_locks.server.harness import LocalServer
 
 TOKEN = "3f0e8d1c-6a1b-4c2d-9e8f-0a1b2c3d4e5f"
 REQUEST_ID = "AA0E8D1C-6A1B-4C2D-9E8F-0A1B2C3D4E5F"
@@ -57,3 +62,37 @@ def lease(
     return LockLease(
         key, token, now + timedelta(seconds=ttl), fencing, ttl, now, min(sent + ttl, absolute), absolute
     )
+
+
+class SyncView:
+    """Runs an AsyncVolcanoLocks' coroutines on a private loop, so one test body covers both clients."""
+
+    def __init__(self, client: AsyncVolcanoLocks, runner: asyncio.Runner) -> None:
+        self._client = client
+        self._runner = runner
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._client, name)
+        if inspect.iscoroutinefunction(attr):
+            return lambda *args, **kwargs: self._runner.run(attr(*args, **kwargs))
+        return attr
+
+
+def make_client(kind: str, url: str, key: str, **kwargs: Any) -> tuple[Any, Any]:
+    """Return (client-as-sync, closer) for kind "sync" or "async"."""
+    if kind == "sync":
+        client = VolcanoLocks(url, service_key=key, **kwargs)
+        return client, client.close
+    runner = asyncio.Runner()
+    aclient = AsyncVolcanoLocks(url, service_key=key, **kwargs)
+
+    def close() -> None:
+        runner.run(aclient.aclose())
+        runner.close()
+
+    return SyncView(aclient, runner), close
+
+
+def requests_for(server: LocalServer, request_id: str) -> list[dict[str, Any]]:
+    """The server's log entries for one request id."""
+    return [r for r in server.requests() if r.get("request_id") == request_id]

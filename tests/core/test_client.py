@@ -24,7 +24,7 @@ from volcano_locks import (
 )
 from volcano_locks.server.harness import LocalServer
 
-from .conftest import make_client, requests_for
+from .helpers import make_client, requests_for
 
 
 def test_round_trip(client: Any, unique_key: str) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import stat
 import subprocess
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import jwt
 import pytest
+from cli_runner import CLI, cli_env, run_cli
 
 from volcano_locks.cli import build_parser
 from volcano_locks.server.harness import LocalServer
@@ -20,11 +20,6 @@ from volcano_locks.server.harness import LocalServer
 from .helpers import Raw, new_id
 
 SECRET = "s" * 40
-CLI = [sys.executable, "-m", "volcano_locks"]
-
-
-def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=60, env=env)
 
 
 def claims(key: str) -> dict[str, object]:
@@ -63,17 +58,13 @@ def test_keys_formats() -> None:
 def test_keys_refuses_short_or_missing_secret(tmp_path: Path) -> None:
     short = run_cli("keys", "--secret", "short")
     assert short.returncode == 2 and "at least 32 bytes" in short.stderr and "short" not in short.stderr
-    env = {k: v for k, v in os.environ.items() if k != "VOLCANO_LOCAL_SECRET"}
-    env["XDG_DATA_HOME"] = str(tmp_path)
-    missing = run_cli("keys", env=env)
+    missing = run_cli("keys", env={"XDG_DATA_HOME": str(tmp_path)})  # and no VOLCANO_LOCAL_SECRET
     assert missing.returncode == 2 and "no --secret" in missing.stderr
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_serve_defaults_print_keys_and_stop_cleanly(tmp_path: Path, sig: signal.Signals) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "VOLCANO_LOCAL_SECRET"}
-    env["XDG_DATA_HOME"] = str(tmp_path)
-    env["PYTHONUNBUFFERED"] = "1"
+    env = cli_env({"XDG_DATA_HOME": str(tmp_path), "PYTHONUNBUFFERED": "1"})  # no VOLCANO_LOCAL_SECRET
     keys_seen: list[str] = []
     for _ in range(2):  # the second start finds the kept secret: keys from the first still work
         with subprocess.Popen(
