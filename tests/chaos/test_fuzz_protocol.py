@@ -18,22 +18,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from volcano_locks import (
-    AsyncVolcanoLocks,
-    AuthError,
-    InvalidRequest,
-    LockContention,
-    LockLease,
-    LockState,
-    OwnershipLost,
-    ProtocolError,
-    RateLimited,
-    ServerError,
-    TransportError,
-    Unavailable,
-    VolcanoError,
-    VolcanoLocks,
-)
+from volcano_locks import AsyncVolcanoLocks, LockLease, LockState, VolcanoLocks, errors
 
 from .fuzzing import FUZZ
 
@@ -105,7 +90,7 @@ def test_acquire_input_gives_invalid_request_before_sending_or_a_correct_lease(
         valid = valid and _is_match(KEY_RE, key)
     sent = volcano_client.requests_sent
     if not valid:
-        with pytest.raises(InvalidRequest) as err:
+        with pytest.raises(errors.InvalidRequest) as err:
             volcano_client.acquire(key, ttl, token=token, request_id=request_id)
         assert volcano_client.requests_sent == sent, "validation must happen before any request is sent"
         assert isinstance(err.value, ValueError)
@@ -136,9 +121,9 @@ def test_with_lock_and_wait_acquire_reject_bad_input_before_sending(
 ) -> None:
     assume(not (_is_match(KEY_RE, key) and _valid_ttl(ttl)))
     sent = volcano_client.requests_sent
-    with pytest.raises(InvalidRequest), volcano_client.with_lock(key, ttl):
+    with pytest.raises(errors.InvalidRequest), volcano_client.with_lock(key, ttl):
         pytest.fail("the body must not run")
-    with pytest.raises(InvalidRequest):
+    with pytest.raises(errors.InvalidRequest):
         volcano_client.wait_acquire(key, ttl, timeout=1.0)
     assert volcano_client.requests_sent == sent
 
@@ -152,9 +137,9 @@ def test_get_and_force_release_validate_or_answer(
     if isinstance(key, str) and valid:
         key = f"fz{uuid.uuid4().hex[:12]}{key}"[:128]
     if not valid:
-        with pytest.raises(InvalidRequest):
+        with pytest.raises(errors.InvalidRequest):
             volcano_client.get(key, request_id=request_id)
-        with pytest.raises(InvalidRequest):
+        with pytest.raises(errors.InvalidRequest):
             volcano_client.force_release(key, request_id=request_id)
         return
     assert volcano_client.get(key, request_id=request_id) == LockState(held=False)
@@ -310,36 +295,40 @@ def _lease(fence: int = 7) -> LockLease:
     )
 
 
-def _expected_error(status: int, reply: dict[str, Any]) -> type[VolcanoError]:
+def _expected_error(status: int, reply: dict[str, Any]) -> type[errors.VolcanoError]:
     if status == 400:
-        return InvalidRequest
+        return errors.InvalidRequest
     if status in (401, 403):
-        return AuthError
+        return errors.AuthError
     if status == 409:
         body = reply["body"]
         code = body.get("code") if isinstance(body, dict) else None
-        return OwnershipLost if code == "lock_ownership_lost" else LockContention
+        return errors.OwnershipLost if code == "lock_ownership_lost" else errors.LockContention
     if status == 429:
-        return RateLimited
+        return errors.RateLimited
     if status == 503:
-        return Unavailable
+        return errors.Unavailable
     if 500 <= status < 600:
-        return ServerError
-    return ProtocolError
+        return errors.ServerError
+    return errors.ProtocolError
 
 
 def _check_error(
-    exc: VolcanoError, expected: type[VolcanoError], reply: dict[str, Any], *, holds_token: bool = True
+    exc: errors.VolcanoError,
+    expected: type[errors.VolcanoError],
+    reply: dict[str, Any],
+    *,
+    holds_token: bool = True,
 ) -> None:
     """``holds_token``: the call carried the ownership token (get and force_release never know one)."""
     assert type(exc) is expected or isinstance(exc, expected), (type(exc), expected)
-    if expected is not OwnershipLost and expected is LockContention:
-        assert not isinstance(exc, OwnershipLost)
+    if expected is not errors.OwnershipLost and expected is errors.LockContention:
+        assert not isinstance(exc, errors.OwnershipLost)
     text = f"{exc} {exc!r} {exc.code} {exc.request_id}"
     assert SERVICE_KEY not in text
     if holds_token:
         assert TOKEN not in text
-    if isinstance(exc, RateLimited | Unavailable) and exc.retry_after is not None:
+    if isinstance(exc, errors.RateLimited | errors.Unavailable) and exc.retry_after is not None:
         assert exc.retry_after >= 0 and exc.retry_after != float("inf")
 
 
@@ -361,10 +350,10 @@ def test_acquire_maps_any_response_to_a_lease_or_a_typed_error(reply: dict[str, 
     ) as c:
         try:
             lease = c.acquire("fuzz-key", 30, token=TOKEN)
-        except VolcanoError as exc:
+        except errors.VolcanoError as exc:
             status = reply["status"]
             if status == 201:
-                assert isinstance(exc, ProtocolError)
+                assert isinstance(exc, errors.ProtocolError)
                 assert not _valid_lease_body(reply, fence_required=True)
             else:
                 _check_error(exc, _expected_error(status, reply), reply)
@@ -388,9 +377,11 @@ def test_renew_release_get_force_release_map_any_response(reply: dict[str, Any])
         # renew: 200 with a lease body; the fencing token may be omitted (kept from the lease).
         try:
             renewed = c.renew("fuzz-key", _lease(), 30)
-        except VolcanoError as exc:
+        except errors.VolcanoError as exc:
             if status == 200:
-                assert isinstance(exc, ProtocolError) and not _valid_lease_body(reply, fence_required=False)
+                assert isinstance(exc, errors.ProtocolError) and not _valid_lease_body(
+                    reply, fence_required=False
+                )
             else:
                 _check_error(exc, _expected_error(status, reply), reply)
         else:
@@ -404,17 +395,17 @@ def test_renew_release_get_force_release_map_any_response(reply: dict[str, Any])
         ):
             try:
                 assert call() is None
-            except VolcanoError as exc:
-                expected = ProtocolError if status == 204 else _expected_error(status, reply)
+            except errors.VolcanoError as exc:
+                expected = errors.ProtocolError if status == 204 else _expected_error(status, reply)
                 _check_error(exc, expected, reply, holds_token=holds_token)
             else:
                 assert status == 204
         # get: 200 with {"held": bool, ...}.
         try:
             state = c.get("fuzz-key")
-        except VolcanoError as exc:
+        except errors.VolcanoError as exc:
             if status == 200:
-                assert isinstance(exc, ProtocolError)
+                assert isinstance(exc, errors.ProtocolError)
             else:
                 _check_error(exc, _expected_error(status, reply), reply, holds_token=False)
         else:
@@ -451,7 +442,7 @@ def test_no_response_is_a_transport_error_and_only_acquire_retries(
             "get": lambda: c.get("fuzz-key"),
             "force_release": lambda: c.force_release("fuzz-key"),
         }
-        with pytest.raises(TransportError) as err:
+        with pytest.raises(errors.TransportError) as err:
             actions[op]()
     assert len(calls) == (2 if op == "acquire" else 1)
     if op == "acquire":  # the retry is the same request: same token, same request id
@@ -469,7 +460,7 @@ async def test_async_client_maps_responses_like_the_sync_one(reply: dict[str, An
         ) as c:
             try:
                 return c.acquire("fuzz-key", 30, token=TOKEN).fencing_token
-            except VolcanoError as exc:
+            except errors.VolcanoError as exc:
                 return type(exc)
 
     async with AsyncVolcanoLocks(
@@ -477,6 +468,6 @@ async def test_async_client_maps_responses_like_the_sync_one(reply: dict[str, An
     ) as ac:
         try:
             result: object = (await ac.acquire("fuzz-key", 30, token=TOKEN)).fencing_token
-        except VolcanoError as exc:
+        except errors.VolcanoError as exc:
             result = type(exc)
     assert result == outcome_sync()

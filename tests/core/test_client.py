@@ -10,18 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from volcano_locks import (
-    AuthError,
-    InvalidRequest,
-    LockContention,
-    OwnershipLost,
-    ProtocolError,
-    RateLimited,
-    ServerError,
-    TransportError,
-    Unavailable,
-    VolcanoLocks,
-)
+from volcano_locks import VolcanoLocks, errors
 from volcano_locks.server.harness import LocalServer
 
 from .helpers import make_client, requests_for
@@ -48,20 +37,24 @@ def test_round_trip(client: Any, unique_key: str) -> None:
 
 def test_contention_lock_held(client: Any, unique_key: str) -> None:
     lease = client.acquire(unique_key, 30)
-    with pytest.raises(LockContention) as info:
+    with pytest.raises(errors.LockContention) as info:
         client.acquire(unique_key, 30)
-    assert type(info.value) is LockContention and info.value.code == "lock_held" and info.value.status == 409
+    assert (
+        type(info.value) is errors.LockContention
+        and info.value.code == "lock_held"
+        and info.value.status == 409
+    )
     client.release(unique_key, lease)
 
 
 def test_contention_ownership_lost_on_renew_after_force_release(client: Any, unique_key: str) -> None:
     lease = client.acquire(unique_key, 30)
     client.force_release(unique_key)
-    with pytest.raises(OwnershipLost) as info:
+    with pytest.raises(errors.OwnershipLost) as info:
         client.renew(unique_key, lease)
     assert info.value.code == "lock_ownership_lost"
     other = client.acquire(unique_key, 30)
-    with pytest.raises(OwnershipLost):
+    with pytest.raises(errors.OwnershipLost):
         client.release(unique_key, lease)  # a stale token cannot release the newer lease
     client.release(unique_key, other)
 
@@ -74,7 +67,7 @@ def test_contention_ownership_lost_on_reacquire_of_lapsing_lease(
         # Aim early in the server's last second before expiry (same machine, same wall clock), leaving
         # the most room for a late arrival: anything up to the end of the 1 s grace still gets this 409.
         time.sleep(max(0.0, lease.expires_at.timestamp() - 0.8 - time.time()))
-        with pytest.raises(OwnershipLost) as info:
+        with pytest.raises(errors.OwnershipLost) as info:
             client.acquire(unique_key, 5, token=lease.token)
         assert info.value.code == "lock_ownership_lost"
 
@@ -119,7 +112,7 @@ def test_uncertain_acquisition_recovered_with_the_same_token(
     token, request_id = str(uuid.uuid4()), str(uuid.uuid4())
     try:
         admin_server.set_faults("drop:count=2:op=acquire:when=after")
-        with pytest.raises(TransportError) as info:
+        with pytest.raises(errors.TransportError) as info:
             client.acquire(unique_key, 30, token=token, request_id=request_id)
         assert info.value.request_id == request_id
         admin_server.set_faults(None)
@@ -135,7 +128,10 @@ def test_uncertain_acquisition_recovered_with_the_same_token(
 
 @pytest.mark.parametrize(
     ("fault", "error"),
-    [("status=503:count=2:op=acquire", Unavailable), ("drop:count=2:op=acquire", TransportError)],
+    [
+        ("status=503:count=2:op=acquire", errors.Unavailable),
+        ("drop:count=2:op=acquire", errors.TransportError),
+    ],
 )
 def test_two_failures_surface_the_last(
     admin_server: LocalServer, unique_key: str, fault: str, error: type[Exception]
@@ -148,7 +144,9 @@ def test_two_failures_surface_the_last(
 
 
 @pytest.mark.parametrize("kind", ["sync", "async"])
-@pytest.mark.parametrize(("status", "error"), [(400, InvalidRequest), (500, ServerError), (429, RateLimited)])
+@pytest.mark.parametrize(
+    ("status", "error"), [(400, errors.InvalidRequest), (500, errors.ServerError), (429, errors.RateLimited)]
+)
 def test_no_retry_on_other_statuses(
     admin_server: LocalServer, unique_key: str, kind: str, status: int, error: type[Exception]
 ) -> None:
@@ -169,14 +167,14 @@ def test_no_retry_on_auth_and_contention(admin_server: LocalServer, unique_key: 
     forged, close_forged = make_client(kind, admin_server.url, "not-a-jwt")
     owner, close_owner = make_client(kind, admin_server.url, admin_server.service_key)
     try:
-        with pytest.raises(AuthError) as info:
+        with pytest.raises(errors.AuthError) as info:
             anon.acquire(unique_key, 30)
         assert info.value.status == 403
-        with pytest.raises(AuthError) as info:
+        with pytest.raises(errors.AuthError) as info:
             forged.acquire(unique_key, 30)
         assert info.value.status == 401
         lease = owner.acquire(unique_key, 30)
-        with pytest.raises(LockContention):
+        with pytest.raises(errors.LockContention):
             owner.acquire(unique_key, 30)
         assert (anon.requests_sent, forged.requests_sent, owner.requests_sent) == (1, 1, 2)
         owner.release(unique_key, lease)
@@ -189,14 +187,14 @@ def test_rate_limited_with_retry_after(tmp_path: Any, unique_key: str, kind: str
     with LocalServer(db=str(tmp_path / "q.sqlite3"), quota=3) as srv:
         client, close = make_client(kind, srv.url, srv.service_key)
         try:
-            with pytest.raises(RateLimited) as info:
+            with pytest.raises(errors.RateLimited) as info:
                 for _ in range(20):  # a minute boundary may reset the window once
                     client.get(unique_key)
             exc = info.value
             assert exc.status == 429 and exc.code == "lock_rate_limited"
             assert exc.retry_after is not None and 1 <= exc.retry_after <= 60
             before = client.requests_sent
-            with pytest.raises(RateLimited):
+            with pytest.raises(errors.RateLimited):
                 client.acquire(unique_key, 30)
             assert client.requests_sent == before + 1  # 429 is not retried
         finally:
@@ -207,11 +205,11 @@ def test_renew_and_others_never_retry(admin_server: LocalServer, unique_key: str
     with VolcanoLocks(admin_server.url, service_key=admin_server.service_key) as client:
         lease = client.acquire(unique_key, 30)
         admin_server.set_faults("status=503:count=1:op=renew|release|get|force_release")
-        with pytest.raises(Unavailable):
+        with pytest.raises(errors.Unavailable):
             client.renew(unique_key, lease)
         assert client.requests_sent == 2
         admin_server.set_faults("drop:count=1:op=release")
-        with pytest.raises(TransportError):
+        with pytest.raises(errors.TransportError):
             client.release(unique_key, lease)
         assert client.requests_sent == 3
         admin_server.set_faults(None)
@@ -227,7 +225,7 @@ def test_validation_sends_nothing(client: Any) -> None:
         lambda: client.get("/etc"),
         lambda: client.force_release(""),
     ):
-        with pytest.raises(InvalidRequest):
+        with pytest.raises(errors.InvalidRequest):
             call()
     assert client.requests_sent == 0
 
@@ -239,7 +237,7 @@ def test_transport_error_on_unreachable_server() -> None:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     with VolcanoLocks(f"http://127.0.0.1:{port}", service_key="k", timeout=2) as client:
-        with pytest.raises(TransportError) as info:
+        with pytest.raises(errors.TransportError) as info:
             client.acquire("k", 30)
         assert isinstance(info.value.__cause__, httpx.TransportError)
         assert client.requests_sent == 2  # the one acquisition retry
@@ -267,7 +265,7 @@ def _mock(status: int, content: bytes, headers: dict[str, str] | None = None) ->
 def test_contract_breaking_responses_sync(status: int, content: bytes, match: str) -> None:
     with (
         VolcanoLocks("http://volcano.invalid", service_key="k", transport=_mock(status, content)) as client,
-        pytest.raises(ProtocolError, match=match),
+        pytest.raises(errors.ProtocolError, match=match),
     ):
         client.acquire("k", 30)
 
@@ -284,9 +282,9 @@ async def test_contract_breaking_responses_async() -> None:
             "http://volcano.invalid", service_key="k", transport=lease_transport
         ) as other:
             lease = await other.acquire("k", 30)
-        with pytest.raises(ProtocolError, match="release: unexpected status 200"):
+        with pytest.raises(errors.ProtocolError, match="release: unexpected status 200"):
             await client.release("k", lease)
-        with pytest.raises(ProtocolError, match="JSON"):
+        with pytest.raises(errors.ProtocolError, match="JSON"):
             await client.get("k")
 
 

@@ -7,18 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from volcano_locks import protocol
-from volcano_locks.errors import (
-    AuthError,
-    InvalidRequest,
-    LockContention,
-    OwnershipLost,
-    ProtocolError,
-    RateLimited,
-    ServerError,
-    TransportError,
-    Unavailable,
-)
+from volcano_locks import errors, protocol
 from volcano_locks.models import ABSOLUTE_LEASE_SECONDS
 
 from .helpers import EXPIRES, REQUEST_ID, TOKEN, lease, reply, run_flow
@@ -36,7 +25,7 @@ def test_valid_keys(key: str) -> None:
 
 @pytest.mark.parametrize("key", ["", "A" * 129, "-a", ".a", "a/b", "a b", "a\n", "ä", None, 5, b"abc"])
 def test_invalid_keys_are_named(key: object) -> None:
-    with pytest.raises(InvalidRequest, match="invalid lock key") as info:
+    with pytest.raises(errors.InvalidRequest, match="invalid lock key") as info:
         protocol.validate_key(key)
     if isinstance(key, str) and key:
         assert repr(key)[:40] in str(info.value)
@@ -49,7 +38,7 @@ def test_valid_ttls(ttl: int) -> None:
 
 @pytest.mark.parametrize("ttl", [4, 7_776_001, 0, -5, True, False, 30.0, "30", None])
 def test_invalid_ttls(ttl: object) -> None:
-    with pytest.raises(InvalidRequest, match="invalid ttl") as info:
+    with pytest.raises(errors.InvalidRequest, match="invalid ttl") as info:
         protocol.validate_ttl(ttl)
     assert repr(ttl) in str(info.value)
     assert isinstance(info.value, ValueError)
@@ -59,7 +48,7 @@ def test_invalid_ttls(ttl: object) -> None:
     "token", ["not-a-uuid", "3f0e8d1c6a1b4c2d9e8f0a1b2c3d4e5f", "{" + TOKEN + "}", 42, None]
 )
 def test_invalid_token_is_never_echoed(token: object) -> None:
-    with pytest.raises(InvalidRequest, match="invalid ownership token") as info:
+    with pytest.raises(errors.InvalidRequest, match="invalid ownership token") as info:
         protocol.validate_token(token)
     if isinstance(token, str):
         assert token not in str(info.value)
@@ -67,20 +56,20 @@ def test_invalid_token_is_never_echoed(token: object) -> None:
 
 def test_request_id_kept_verbatim_and_checked() -> None:
     assert protocol.validate_request_id(REQUEST_ID) == REQUEST_ID
-    with pytest.raises(InvalidRequest, match="'nope'"):
+    with pytest.raises(errors.InvalidRequest, match="'nope'"):
         protocol.validate_request_id("nope")
 
 
 def test_lease_must_belong_to_key() -> None:
-    with pytest.raises(InvalidRequest, match="belongs to lock key 'k', not 'other'"):
+    with pytest.raises(errors.InvalidRequest, match="belongs to lock key 'k', not 'other'"):
         run_flow(protocol.renew_flow("other", lease(key="k"), None, request_id=None), [])
-    with pytest.raises(InvalidRequest, match="expected a LockLease"):
+    with pytest.raises(errors.InvalidRequest, match="expected a LockLease"):
         run_flow(protocol.release_flow("k", {"token": TOKEN}, request_id=None), [])  # type: ignore[arg-type]
 
 
 def test_validation_happens_before_any_call() -> None:
     flow = protocol.acquire_flow("bad key", 30, token=None, request_id=None)
-    with pytest.raises(InvalidRequest):
+    with pytest.raises(errors.InvalidRequest):
         next(flow)
 
 
@@ -136,7 +125,7 @@ def test_other_calls_shape() -> None:
 # ------------------------------------------------------------------------------------------ the one retry
 
 
-@pytest.mark.parametrize("first", [TransportError("dropped"), reply(503, {"error": "down"})])
+@pytest.mark.parametrize("first", [errors.TransportError("dropped"), reply(503, {"error": "down"})])
 def test_acquire_retries_once_with_the_same_call(first: object) -> None:
     result, calls = run_flow(
         protocol.acquire_flow("k", 30, token=TOKEN, request_id=REQUEST_ID),
@@ -150,15 +139,16 @@ def test_acquire_retries_once_with_the_same_call(first: object) -> None:
 @pytest.mark.parametrize(
     ("second", "error"),
     [
-        (TransportError("again"), TransportError),
-        (reply(503, {"error": "x"}), Unavailable),
-        (reply(409, {}), LockContention),
+        (errors.TransportError("again"), errors.TransportError),
+        (reply(503, {"error": "x"}), errors.Unavailable),
+        (reply(409, {}), errors.LockContention),
     ],
 )
 def test_two_failures_surface_the_last(second: object, error: type[Exception]) -> None:
     with pytest.raises(error):
         run_flow(
-            protocol.acquire_flow("k", 30, token=TOKEN, request_id=None), [TransportError("first"), second]
+            protocol.acquire_flow("k", 30, token=TOKEN, request_id=None),
+            [errors.TransportError("first"), second],
         )
 
 
@@ -173,10 +163,10 @@ def test_other_statuses_are_not_retried(status: int) -> None:
 
 @pytest.mark.parametrize("status", [503])
 def test_renew_is_never_retried(status: int) -> None:
-    with pytest.raises(Unavailable):
+    with pytest.raises(errors.Unavailable):
         run_flow(protocol.renew_flow("k", lease(), None, request_id=None), [reply(status)])
-    with pytest.raises(TransportError):
-        run_flow(protocol.release_flow("k", lease(), request_id=None), [TransportError("x")])
+    with pytest.raises(errors.TransportError):
+        run_flow(protocol.release_flow("k", lease(), request_id=None), [errors.TransportError("x")])
 
 
 # ------------------------------------------------------------------------------------------ responses
@@ -185,22 +175,28 @@ def test_renew_is_never_retried(status: int) -> None:
 @pytest.mark.parametrize(
     ("status", "body", "headers", "error", "code"),
     [
-        (400, {"error": "bad ttl", "code": "invalid_ttl"}, {}, InvalidRequest, "invalid_ttl"),
-        (401, {"error": "who"}, {}, AuthError, None),
-        (403, {"error": "anon", "code": "forbidden"}, {}, AuthError, "forbidden"),
-        (409, {"error": "held", "code": "lock_held"}, {}, LockContention, "lock_held"),
-        (409, {"error": "lapsed", "code": "lock_ownership_lost"}, {}, OwnershipLost, "lock_ownership_lost"),
+        (400, {"error": "bad ttl", "code": "invalid_ttl"}, {}, errors.InvalidRequest, "invalid_ttl"),
+        (401, {"error": "who"}, {}, errors.AuthError, None),
+        (403, {"error": "anon", "code": "forbidden"}, {}, errors.AuthError, "forbidden"),
+        (409, {"error": "held", "code": "lock_held"}, {}, errors.LockContention, "lock_held"),
+        (
+            409,
+            {"error": "lapsed", "code": "lock_ownership_lost"},
+            {},
+            errors.OwnershipLost,
+            "lock_ownership_lost",
+        ),
         (
             429,
             {"error": "slow", "code": "lock_rate_limited"},
             {"retry-after": "17"},
-            RateLimited,
+            errors.RateLimited,
             "lock_rate_limited",
         ),
-        (503, {"error": "down"}, {}, Unavailable, None),
-        (500, None, {}, ServerError, None),
-        (502, {"error": "gw"}, {}, ServerError, None),
-        (404, {"error": "no route"}, {}, ProtocolError, None),
+        (503, {"error": "down"}, {}, errors.Unavailable, None),
+        (500, None, {}, errors.ServerError, None),
+        (502, {"error": "gw"}, {}, errors.ServerError, None),
+        (404, {"error": "no route"}, {}, errors.ProtocolError, None),
     ],
 )
 def test_error_mapping(
@@ -211,13 +207,13 @@ def test_error_mapping(
     exc = info.value
     assert type(exc) is error
     assert (exc.status, exc.code, exc.request_id) == (status, code, REQUEST_ID)  # type: ignore[attr-defined]
-    if error is RateLimited:
+    if error is errors.RateLimited:
         assert exc.retry_after == 17.0  # type: ignore[attr-defined]
 
 
 def test_server_text_is_scrubbed_of_secrets() -> None:
     body = {"error": f"token {TOKEN} rejected for key sk-secret", "code": "lock_held"}
-    with pytest.raises(LockContention) as info:
+    with pytest.raises(errors.LockContention) as info:
         run_flow(
             protocol.acquire_flow("k", 30, token=TOKEN, request_id=None, secrets=("sk-secret",)),
             [reply(409, body)],
@@ -241,7 +237,7 @@ def test_server_text_is_scrubbed_of_secrets() -> None:
     ],
 )
 def test_contract_breaking_acquire_responses(body: object, raw: bytes | None, match: str) -> None:
-    with pytest.raises(ProtocolError, match=match):
+    with pytest.raises(errors.ProtocolError, match=match):
         run_flow(protocol.acquire_flow("k", 30, token=TOKEN, request_id=None), [reply(201, body, raw=raw)])
 
 
@@ -255,7 +251,7 @@ def test_contract_breaking_acquire_responses(body: object, raw: bytes | None, ma
     ],
 )
 def test_unexpected_success_status_is_a_protocol_error(flow: object, status: int) -> None:
-    with pytest.raises(ProtocolError, match=f"unexpected status {status}"):
+    with pytest.raises(errors.ProtocolError, match=f"unexpected status {status}"):
         run_flow(flow(), [reply(status, OK)])  # type: ignore[operator]
 
 
@@ -307,7 +303,7 @@ def test_get_states(body: dict[str, object], expected: tuple[object, ...]) -> No
     "body", [{}, {"held": "yes"}, {"held": True, "fencing_token": 3}, {"held": True, "expires_at": EXPIRES}]
 )
 def test_get_contract_breaks(body: dict[str, object]) -> None:
-    with pytest.raises(ProtocolError):
+    with pytest.raises(errors.ProtocolError):
         run_flow(protocol.get_flow("k", request_id=None), [reply(200, body)])
 
 
