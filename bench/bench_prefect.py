@@ -403,6 +403,7 @@ def main() -> None:
     if args.fleet:
         with LocalServer(admin=True) as server, prefect_test_harness(server_startup_timeout=120):
             os.environ.update(server.env())
+            os.environ["PREFECT_API_URL"] = str(PREFECT_API_URL.value())  # the children's API: the harness
             rows = [fleet(server, args.waiters, wake=True), fleet(server, args.waiters, wake=False)]
         print_fleet(rows, args.waiters)
         return

@@ -95,6 +95,15 @@ class LockEvents:
         self._related = _run_related()
         self._last: Event | None = None
 
+    @property
+    def runner(self) -> str | None:
+        """The resource id of the run these events speak for: its task run, else its flow run."""
+        for role in ("task-run", "flow-run"):
+            for related in self._related:
+                if related["prefect.resource.role"] == role:
+                    return related["prefect.resource.id"]
+        return None
+
     def emit(self, what: str, **payload: Any) -> None:
         """Emit `volcano.lock.<what>` with the given public facts as its payload."""
         event = emit_event(

@@ -141,7 +141,9 @@ def hold(spec: LockSpec, key: str, scope: Scope) -> Iterator[Holding]:
                 except LockContention as exc:
                     if holding.contended(exc):
                         holding.waiting(exc.holder or _peek(client, key))
-                        with listening(key, client.api_url, client.credential_id):
+                        with listening(
+                            key, client.api_url, client.credential_id, holding.report.events.runner
+                        ):
                             holding.entered(stack.enter_context(holding.open(client, "wait")))
                 yield holding
         except VolcanoError as exc:
@@ -172,7 +174,9 @@ async def hold_async(spec: LockSpec, key: str, scope: Scope) -> AsyncIterator[Ho
                 except LockContention as exc:
                     if holding.contended(exc):
                         holding.waiting(await _apeek(client, key) if exc.holder is None else exc.holder)
-                        async with alistening(key, client.api_url, client.credential_id):
+                        async with alistening(
+                            key, client.api_url, client.credential_id, holding.report.events.runner
+                        ):
                             holding.entered(await stack.enter_async_context(holding.open(client, "wait")))
                 yield holding
         except VolcanoError as exc:

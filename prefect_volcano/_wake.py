@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from datetime import UTC, datetime, timedelta
 
+from prefect.events import Event
 from prefect.events.clients import get_events_subscriber
 from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
 from prefect.settings import PREFECT_API_URL
@@ -27,70 +28,152 @@ from prefect.settings import PREFECT_API_URL
 from prefect_volcano._events import LOCK_RESOURCE_PREFIX, lock_resource_id
 from volcano_locks.waiting import wake
 
-__all__ = ["alistening", "listening"]
+__all__ = ["WAKE_ENV", "ReleaseListener", "WaitingLine", "alistening", "listening"]
 
 logger = logging.getLogger("prefect_volcano.wake")
 
 RELEASED = f"{LOCK_RESOURCE_PREFIX}released"
+WAITING = f"{LOCK_RESOURCE_PREFIX}waiting"
+ACQUIRED = f"{LOCK_RESOURCE_PREFIX}acquired"
+SKIPPED = f"{LOCK_RESOURCE_PREFIX}skipped"
 WAKE_ENV = "VOLCANO_PREFECT_WAKE"
 """Set to `off` to wait by polling alone (no events subscription), e.g. where events are blocked."""
 _SKEW = timedelta(seconds=2)  # events of the last seconds before we listened still count
 
 
+def _runner(event: Event) -> str | None:
+    """The task run (else flow run) an event of ours speaks for, as a resource id."""
+    for role in ("task-run", "flow-run"):
+        for related in event.related:
+            if related.role == role:
+                return related.id
+    return None
+
+
+class WaitingLine:
+    """The runs waiting for one lock, as their events tell, first come first; sans-I/O.
+
+    On a release only the first run in line tries at once; the others give it `patience` seconds to
+    announce that it acquired, and try themselves if it does not (it may have crashed or given up).
+    So a release costs about one acquisition, not one per waiting process.
+
+    Args:
+        me: This run's resource id (`prefect.task-run.<id>` or `prefect.flow-run.<id>`), or None.
+        patience: Seconds the others leave the first in line.
+    """
+
+    def __init__(self, me: str | None, patience: float = 2.0) -> None:
+        self.me = me
+        self.patience = patience
+        self._since: dict[str, datetime] = {}
+        self._done: dict[str, datetime] = {}
+
+    def saw(self, event: Event) -> None:
+        """Take in a waiting, acquired or skipped event of the lock."""
+        runner = _runner(event)
+        if runner is None:
+            return
+        if event.event == WAITING:
+            done = self._done.get(runner)
+            if done is None or done < event.occurred:  # events may arrive out of order
+                self._since.setdefault(runner, event.occurred)
+        else:
+            self._done[runner] = max(event.occurred, self._done.get(runner, event.occurred))
+            self._since.pop(runner, None)
+
+    def first(self) -> bool:
+        """Whether this run is first in line (or cannot tell: then it tries, which is always safe)."""
+        mine = self._since.get(self.me) if self.me is not None else None
+        if mine is None:
+            return True
+        return all((since, runner) >= (mine, self.me) for runner, since in self._since.items())
+
+
 class ReleaseListener:
-    """Wakes this process's waiters on `key` whenever a run announces it released `key`.
+    """Wakes this process's waiters on `key` when a run announces it released `key`.
 
     Args:
         key: The lock waited for.
         api_url: The waiting client's API URL (only its waiters are woken).
         credential_id: The waiting client's credential fingerprint (likewise).
+        me: This run's resource id, to find its place in the line (None: always first).
     """
 
-    def __init__(self, key: str, api_url: str, credential_id: str) -> None:
+    def __init__(self, key: str, api_url: str, credential_id: str, me: str | None = None) -> None:
         self.key = key
         self._api_url = api_url
         self._credential_id = credential_id
+        self.line = WaitingLine(me)
         self.woken = 0
         # The subscriber replays the last minute on connect; an older release says nothing now.
         self._since = datetime.now(UTC) - _SKEW
+        self._later: asyncio.Task[None] | None = None
 
     @staticmethod
     def available() -> bool:
         """Whether to listen: a Prefect API is configured, and `VOLCANO_PREFECT_WAKE` is not `off`."""
         return bool(PREFECT_API_URL.value()) and os.environ.get(WAKE_ENV, "on").strip().lower() != "off"
 
+    def _wake(self, event: Event, how: str) -> None:
+        woken = wake(self.key, api_url=self._api_url, credential_id=self._credential_id)
+        self.woken += woken
+        logger.debug(
+            "lock %r released elsewhere (fencing token %s): woke %d waiter(s) %s",
+            self.key,
+            event.payload.get("fencing_token"),
+            woken,
+            how,
+        )
+
+    async def _wake_later(self, event: Event) -> None:
+        await asyncio.sleep(self.line.patience)
+        self._wake(event, f"after {self.line.patience:g} s (the first in line did not take it)")
+
+    def _cancel_later(self) -> None:
+        if self._later is not None:
+            self._later.cancel()
+            self._later = None
+
+    def _on(self, event: Event) -> None:
+        if event.event != RELEASED:
+            self.line.saw(event)
+            if event.event == ACQUIRED:
+                self._cancel_later()  # someone took it: wait for the next release
+            return
+        if event.occurred < self._since:
+            return
+        self._cancel_later()
+        if self.line.first():
+            self._wake(event, "at once (first in line)")
+        else:
+            self._later = asyncio.get_running_loop().create_task(self._wake_later(event))
+
     async def listen(self) -> None:
-        """Subscribe and wake on each release until cancelled; give up quietly if events are unreachable."""
+        """Subscribe and wake on releases until cancelled; give up quietly if events are unreachable."""
         event_filter = EventFilter(
-            event=EventNameFilter(name=[RELEASED]),
+            event=EventNameFilter(name=[WAITING, ACQUIRED, RELEASED, SKIPPED]),
             resource=EventResourceFilter(id=[lock_resource_id(self.key)]),
         )
         try:
             async with get_events_subscriber(filter=event_filter, reconnection_attempts=3) as subscriber:
                 logger.debug("listening for releases of lock %r", self.key)
                 async for event in subscriber:
-                    if event.event == RELEASED and event.occurred >= self._since:
-                        woken = wake(self.key, api_url=self._api_url, credential_id=self._credential_id)
-                        self.woken += woken
-                        logger.debug(
-                            "lock %r released elsewhere (fencing token %s): woke %d waiter(s)",
-                            self.key,
-                            event.payload.get("fencing_token"),
-                            woken,
-                        )
+                    self._on(event)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # events are an optimisation: polling still finds the release
             logger.info("no release events for lock %r (%s); waiting by polling alone", self.key, exc)
+        finally:
+            self._cancel_later()
 
 
 @contextmanager
-def listening(key: str, api_url: str, credential_id: str) -> Iterator[None]:
+def listening(key: str, api_url: str, credential_id: str, me: str | None = None) -> Iterator[None]:
     """Listen for releases of `key` on a daemon thread (its own event loop) for the block's duration."""
     if not ReleaseListener.available():
         yield
         return
-    listener = ReleaseListener(key, api_url, credential_id)
+    listener = ReleaseListener(key, api_url, credential_id, me)
     loop = asyncio.new_event_loop()
     task = loop.create_task(listener.listen())
 
@@ -115,12 +198,14 @@ def listening(key: str, api_url: str, credential_id: str) -> Iterator[None]:
 
 
 @asynccontextmanager
-async def alistening(key: str, api_url: str, credential_id: str) -> AsyncIterator[None]:
+async def alistening(
+    key: str, api_url: str, credential_id: str, me: str | None = None
+) -> AsyncIterator[None]:
     """Listen for releases of `key` in a task of the running loop for the block's duration."""
     if not ReleaseListener.available():
         yield
         return
-    listener = ReleaseListener(key, api_url, credential_id)
+    listener = ReleaseListener(key, api_url, credential_id, me)
     task = asyncio.get_running_loop().create_task(listener.listen(), name=f"volcano-lock-wake:{key}")
     try:
         yield

@@ -63,7 +63,10 @@ def test_a_release_in_another_process_wakes_the_waiter(
         for r in caplog.records
         if r.name == "prefect_volcano.wake" and "woke" in r.getMessage()
     ]
-    assert woke == [f"lock {unique_key!r} released elsewhere (fencing token {held}): woke 1 waiter(s)"]
+    assert woke == [
+        f"lock {unique_key!r} released elsewhere (fencing token {held}):"
+        " woke 1 waiter(s) at once (first in line)"
+    ]
 
 
 def test_without_events_the_waiter_still_gets_the_lock_by_polling(
@@ -78,3 +81,41 @@ def test_without_events_the_waiter_still_gets_the_lock_by_polling(
     assert ours > held
     records: list[Any] = [r for r in caplog.records if r.name == "prefect_volcano.wake"]
     assert records == []  # no subscription was made
+
+
+def _event(name: str, runner: str, second: int) -> Any:
+    from datetime import UTC, datetime
+
+    from prefect.events import Event
+
+    return Event(
+        event=f"volcano.lock.{name}",
+        resource={"prefect.resource.id": "volcano.lock.k"},
+        related=[{"prefect.resource.id": runner, "prefect.resource.role": "task-run"}],
+        occurred=datetime(2026, 12, 1, 6, 0, second, tzinfo=UTC),
+    )
+
+
+def test_the_waiting_line_lets_the_first_waiter_go_first() -> None:
+    from prefect_volcano._wake import WaitingLine
+
+    a, b, c = "prefect.task-run.a", "prefect.task-run.b", "prefect.task-run.c"
+    line_b = WaitingLine(me=b)
+    assert line_b.first()  # knows of nobody (not even itself): tries, which is always safe
+    for event in (_event("waiting", b, 2), _event("waiting", a, 1), _event("waiting", c, 3)):
+        line_b.saw(event)
+    assert not line_b.first()  # a came first
+    line_b.saw(_event("acquired", a, 5))
+    assert line_b.first()  # a got it; b is next, c after
+    line_c = WaitingLine(me=c)
+    # Replayed out of order: a's acquisition before its own waiting event must not put it back in line.
+    for event in (
+        _event("acquired", a, 5),
+        _event("waiting", a, 1),
+        _event("waiting", c, 3),
+        _event("waiting", b, 2),
+    ):
+        line_c.saw(event)
+    assert not line_c.first()
+    line_c.saw(_event("skipped", b, 6))  # b left the line another way
+    assert line_c.first()
