@@ -2,11 +2,12 @@
 
 Under a Prefect worker every waiting run is a process of its own, so waiters cannot share one poll;
 polling alone would spend the project's 600 requests a minute on looks. A run that releases a lock
-emits `volcano.lock.released` (see `_events`); a waiting run subscribes to that one event of that one
-lock and calls the core's `volcano_locks.waiting.wake`, which makes this process's waiters on the key
-try to acquire at once. The core's wait engine keeps polling as the safety net, backing off to a
-slow pace (and looking at a crashed holder's `expires_at`), so waiting works, more slowly, wherever
-the events cannot be reached.
+emits `volcano.lock.released` (see `_events`); a waiting run subscribes to that lock's events and
+calls the core's `volcano_locks.waiting.wake`, which makes this process's waiters on the key try to
+acquire at once. The waiting runs keep a line from the same events (`WaitingLine`), so on a release
+only the first in line tries at once. The core's wait engine keeps polling as the safety net,
+backing off to a slow pace (and looking at a crashed holder's `expires_at`), so waiting works, more
+slowly, wherever the events cannot be reached.
 """
 
 from __future__ import annotations
