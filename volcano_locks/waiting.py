@@ -423,6 +423,11 @@ def _wait_flow(
                     )
                 return lease
             if next_report is None and entry.holder is not None:
+                if entry.holder.fencing_token is None and first and is_head and on_waiting is not None:
+                    # A refusal does not say who holds the lock; the waiter who reports the wait
+                    # looks once at once (from the budget, like any look) so the report can.
+                    entry.next_look_at = clock()
+                    continue
                 next_report = clock() + policy.report_every
                 if on_waiting is not None:
                     on_waiting(entry.holder, clock() - started)

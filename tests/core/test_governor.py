@@ -277,6 +277,24 @@ def test_on_waiting_reports_at_the_start_and_every_minute() -> None:
     assert [w for _, w in reports] == pytest.approx([0.0, 60.0, 120.0])
 
 
+def test_a_refusal_that_does_not_name_the_holder_is_followed_by_one_look_before_the_report() -> None:
+    clock, entry, waiter = Clock(), _KeyWait("k"), _waiter()
+    reports: list[int | None] = []
+    flow = _flow(
+        entry,
+        waiter,
+        governor(600, clock),
+        clock,
+        policy=WaitPolicy(poll=30.0, cap=30.0),
+        on_waiting=lambda h, w: reports.append(h.fencing_token if h else None),
+    )
+    next(flow)
+    assert flow.send(LockContention("held")) == _Send("get")  # at once: who holds it?
+    assert reports == []
+    step = flow.send(_held(3600, fencing=8))
+    assert reports == [8] and isinstance(step, _Block)
+
+
 def test_wake_without_waiters_wakes_nothing() -> None:
     assert wake("no-such-key-waited-on", api_url="http://nowhere.test") == 0
     assert math.isinf(governor().blocked_until)
