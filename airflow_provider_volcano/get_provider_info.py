@@ -106,6 +106,18 @@ def get_provider_info() -> dict[str, Any]:
                             "default": 10,
                         },
                     },
+                    "wait_budget": {
+                        "label": "Waiting budget (requests a minute)",
+                        "description": "Lock requests a minute one process (a worker, the triggerer) may spend waiting for locks, shared by every lock it waits on; empty means VOLCANO_WAIT_BUDGET, else 120 (of the project's 600).",
+                        "schema": {
+                            "type": [
+                                "integer",
+                                "null",
+                            ],
+                            "minimum": 1,
+                            "maximum": 600,
+                        },
+                    },
                 },
             },
         ],

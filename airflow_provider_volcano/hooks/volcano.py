@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -35,12 +35,15 @@ class VolcanoConnectionConfig:
     :param service_key: the service-role key (never in repr).
     :param anon_key: the anon key, if given (never in repr).
     :param timeout: the request timeout in seconds.
+    :param wait_budget: lock requests a minute one process may spend waiting (``None``: the core's
+        default, ``VOLCANO_WAIT_BUDGET`` or 120).
     """
 
     api_url: str
     service_key: str = field(repr=False)
     anon_key: str | None = field(default=None, repr=False)
     timeout: float = DEFAULT_TIMEOUT
+    wait_budget: int | None = None
 
 
 def _extra_dict(conn_id: str, extra: str | dict[str, Any] | None) -> dict[str, Any]:
@@ -126,6 +129,18 @@ def _timeout(conn_id: str, raw: Any) -> float:
     return value
 
 
+def _wait_budget(conn_id: str, raw: Any) -> int | None:
+    if raw is None or raw == "":
+        return None
+    from volcano_locks import InvalidRequest
+    from volcano_locks.governor import validate_wait_budget
+
+    try:
+        return validate_wait_budget(raw, source="Waiting budget")
+    except InvalidRequest as exc:
+        raise VolcanoConnectionError(f"Volcano connection {conn_id!r}: {exc}") from None
+
+
 def parse_connection(conn: Any) -> VolcanoConnectionConfig:
     """Parse an Airflow connection (UI, URI or JSON form) into a :class:`VolcanoConnectionConfig`.
 
@@ -149,6 +164,7 @@ def parse_connection(conn: Any) -> VolcanoConnectionConfig:
         service_key=str(service_key),
         anon_key=anon_key,
         timeout=_timeout(conn_id, _extra_value(extra, "timeout")),
+        wait_budget=_wait_budget(conn_id, _extra_value(extra, "wait_budget")),
     )
 
 
@@ -157,7 +173,8 @@ class VolcanoHook(BaseHook):
 
     The form's API URL is the connection's ``host``, its Service key the ``password``, its Port the
     optional ``port`` (only needed by Airflow 3.3.2's Test icon, apache/airflow#73298) and, in Extra,
-    ``anon_key`` (secret) and ``timeout`` (seconds). Both keys are masked in task logs.
+    ``anon_key`` (secret), ``timeout`` (seconds) and ``wait_budget`` (lock requests a minute one
+    process may spend waiting). Both keys are masked in task logs.
 
     :param volcano_conn_id: the connection id (default ``volcano_default``).
     :param timeout: overrides the connection's request timeout, in seconds.
@@ -172,17 +189,15 @@ class VolcanoHook(BaseHook):
         super().__init__()
         self.volcano_conn_id = volcano_conn_id
         self._timeout_override = None if timeout is None else _timeout(volcano_conn_id, timeout)
-        self._config: VolcanoConnectionConfig | None = None
+        self._config: VolcanoConnectionConfig | None = None  # parsed once, by config or aget_config
 
     def _finish(self, config: VolcanoConnectionConfig) -> VolcanoConnectionConfig:
         if self._timeout_override is not None:
-            config = VolcanoConnectionConfig(
-                config.api_url, config.service_key, config.anon_key, self._timeout_override
-            )
+            config = dataclasses.replace(config, timeout=self._timeout_override)
         self._config = config
         return config
 
-    @cached_property
+    @property
     def config(self) -> VolcanoConnectionConfig:
         """The parsed connection (fetched and parsed once; keys masked in logs)."""
         if self._config is not None:
@@ -215,15 +230,19 @@ class VolcanoHook(BaseHook):
         """Return a new sync core client (:class:`volcano_locks.VolcanoLocks`); close it after use."""
         from volcano_locks import VolcanoLocks
 
-        c = self._config or self.config
-        return VolcanoLocks(c.api_url, c.anon_key, c.service_key, timeout=c.timeout)
+        c = self.config
+        return VolcanoLocks(
+            c.api_url, c.anon_key, c.service_key, timeout=c.timeout, wait_budget=c.wait_budget
+        )
 
     def get_async_client(self) -> AsyncVolcanoLocks:
         """Return a new async core client; in async code call :meth:`aget_config` first."""
         from volcano_locks import AsyncVolcanoLocks
 
-        c = self._config or self.config
-        return AsyncVolcanoLocks(c.api_url, c.anon_key, c.service_key, timeout=c.timeout)
+        c = self.config
+        return AsyncVolcanoLocks(
+            c.api_url, c.anon_key, c.service_key, timeout=c.timeout, wait_budget=c.wait_budget
+        )
 
     def test_connection(self) -> tuple[bool, str]:
         """Check that the API URL answers and that the key may manage locks.

@@ -10,6 +10,7 @@ import uuid
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from airflow.sdk import BaseOperator
@@ -181,15 +182,12 @@ class VolcanoLockOperator(BaseOperator):
 
     # -- helpers ---------------------------------------------------------------------------------
 
-    @property
+    @cached_property
     def hook(self) -> VolcanoHook:
-        """The hook for ``volcano_conn_id`` (built on first use)."""
-        hook = self.__dict__.get("_hook")
-        if hook is None:
-            from airflow_provider_volcano.hooks.volcano import VolcanoHook
+        """The hook for ``volcano_conn_id`` (built on first use): the one path to a client."""
+        from airflow_provider_volcano.hooks.volcano import VolcanoHook
 
-            hook = self.__dict__["_hook"] = VolcanoHook(self.volcano_conn_id)
-        return hook
+        return VolcanoHook(self.volcano_conn_id)
 
     def _identity(self, context: Context, nonce: str) -> TaskIdentity:
         from airflow_provider_volcano._tokens import TaskIdentity

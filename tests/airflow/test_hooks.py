@@ -210,3 +210,27 @@ def test_test_connection_reports_key_without_locks_manage(
     _env(monkeypatch, "v_anon", volcano_conn_json(volcano_server.url, anon))
     ok, message = VolcanoHook("v_anon").test_connection()
     assert not ok and "403" in message
+
+
+def test_waiting_budget_from_the_connection_reaches_the_governor(
+    volcano_server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A credential of its own: the governor is per process and credential, and this budget is small.
+    key = volcano_server.mint_key(permissions=["locks.manage"], ttl_seconds=3600)
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_VOLCANO_DEFAULT", volcano_conn_json(volcano_server.url, key, wait_budget="30")
+    )
+    hook = VolcanoHook()
+    assert hook.config.wait_budget == 30
+    with hook.get_client() as client:
+        assert client.governor.wait_budget == 30
+        assert client.governor is hook.get_async_client().governor  # one governor per credential
+
+
+@pytest.mark.parametrize("bad", ["0", "601", "lots", 2.5])
+def test_a_bad_waiting_budget_names_the_field(bad: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_VOLCANO_DEFAULT", volcano_conn_json("http://127.0.0.1:1", "k" * 20, wait_budget=bad)
+    )
+    with pytest.raises(VolcanoConnectionError, match=r"'volcano_default': invalid Waiting budget"):
+        _ = VolcanoHook().config
