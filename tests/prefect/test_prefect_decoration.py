@@ -41,7 +41,9 @@ def test_result_choices() -> None:
 def test_wait_timeout_rules() -> None:
     with pytest.raises(ValueError, match="wait_timeout applies only to on_contention='wait', not 'skip'"):
         locked_task("k", on_contention="skip", wait_timeout=5)
-    with pytest.raises(ValueError, match=r"wait_timeout must be finite and >= 0 seconds \(None: no bound\), got -1"):
+    with pytest.raises(
+        ValueError, match=r"wait_timeout must be finite and >= 0 seconds \(None: no bound\), got -1"
+    ):
         locked_task("k", wait_timeout=-1)
     for unbounded in (float("inf"), float("nan")):
         with pytest.raises(ValueError, match="wait_timeout must be finite"):
@@ -85,7 +87,10 @@ def test_key_type() -> None:
         ("rollup:{}", "must name the task's parameters"),
         ("rollup:{0}", "must name the task's parameters"),
         ("rollup:{region", "is malformed"),
-        ("rollup/{region}", r"key template 'rollup/\{region\}' cannot make a valid lock key: invalid lock key"),
+        (
+            "rollup/{region}",
+            r"key template 'rollup/\{region\}' cannot make a valid lock key: invalid lock key",
+        ),
         ("-{region}", "cannot make a valid lock key"),
         ("{region}\n", "cannot make a valid lock key"),
     ],
