@@ -3,9 +3,10 @@
 ::
 
     VolcanoError                      every failure; .status .code .request_id .retry_after
-     ├── LockContention               409 lock_held: another live lease owns the lock   (alias ConflictError)
-     │    ├── OwnershipLost           409 lock_ownership_lost, or loss detected locally by the lease keeper
-     │    └── WaitTimeout             wait_acquire ran out of time; .holder is the last state seen
+     ├── ConflictError                any 409: the lock is not the caller's (the Volcano SDK's name); .holder
+     │    ├── LockContention          409 lock_held: another live lease owns the lock
+     │    └── OwnershipLost           409 lock_ownership_lost, or loss detected locally by the lease keeper
+     ├── WaitTimeout                  a wait for a lock ran out of time; .holder is the last state seen
      ├── RateLimited                  429 lock_rate_limited; .retry_after in seconds
      ├── AuthError                    401 / 403
      ├── InvalidRequest (ValueError)  400, and client-side validation before any request
@@ -15,7 +16,9 @@
      ├── ProtocolError                a response breaking the contract (not JSON, missing or mistyped fields)
      └── StaleFencingToken            (volcano_locks.fencing) a fenced store refused a write with an old token
 
-Messages never contain a service key or an ownership token. httpx exceptions become
+``except LockContention:`` means contention and nothing else; ``except ConflictError:`` catches both
+409s, as the Volcano SDK's users know it (an acquisition can meet either: the SDKs report both as
+contention). Messages never contain a service key or an ownership token. httpx exceptions become
 :class:`TransportError` in exactly one place, :func:`translate_transport_errors`. The ``code`` of an
 error is one of :class:`ErrorCode` (the server's own codes, and those the client sets itself); compare
 codes with the constants, never error texts.
@@ -128,8 +131,8 @@ def _rebuild(cls: type[VolcanoError], message: str, state: dict[str, object]) ->
     return exc
 
 
-class LockContention(VolcanoError):
-    """Another live lease holds the lock (409 ``lock_held``); ``holder`` is what the server said of it."""
+class ConflictError(VolcanoError):
+    """A 409: the lock is not the caller's (the Volcano SDK's name); ``holder`` is what is known of it."""
 
     def __init__(
         self,
@@ -145,12 +148,29 @@ class LockContention(VolcanoError):
         self.holder = holder
 
 
-class OwnershipLost(LockContention):
+class LockContention(ConflictError):
+    """Another live lease holds the lock (409 ``lock_held``)."""
+
+
+class OwnershipLost(ConflictError):
     """This holder no longer owns the lease: 409 ``lock_ownership_lost`` or loss detected by the keeper."""
 
 
-class WaitTimeout(LockContention):
-    """``wait_acquire`` gave up after its timeout; ``holder`` is the last lock state it saw."""
+class WaitTimeout(VolcanoError):
+    """A wait for a lock gave up after its timeout; ``holder`` is the last lock state it saw."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        code: str | None = None,
+        request_id: str | None = None,
+        retry_after: float | None = None,
+        holder: LockState | None = None,
+    ) -> None:
+        super().__init__(message, status=status, code=code, request_id=request_id, retry_after=retry_after)
+        self.holder = holder
 
 
 class RateLimited(VolcanoError):
@@ -179,10 +199,6 @@ class TransportError(VolcanoError):
 
 class ProtocolError(VolcanoError):
     """A response that breaks the HTTP contract (wrong status, not JSON, missing or mistyped fields)."""
-
-
-ConflictError = LockContention
-"""The Volcano Python SDK's name for :class:`LockContention`."""
 
 
 @contextmanager

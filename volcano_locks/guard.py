@@ -24,7 +24,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar, cast
 
 from volcano_locks.clock import lease_clock
-from volcano_locks.errors import ErrorCode, InvalidRequest, LockContention, OwnershipLost, VolcanoError
+from volcano_locks.errors import ConflictError, ErrorCode, InvalidRequest, OwnershipLost, VolcanoError
 from volcano_locks.models import LockLease
 from volcano_locks.protocol import (
     validate_key,
@@ -164,7 +164,7 @@ def _enter_flow(opts: _Options, client_timeout: float) -> Generator[_Step, objec
     Returns the lease and the keeper's timing, or ``None`` when contention is skipped.
     """
     outcome = yield _Acquire(wait=opts.on_contention == "wait")
-    if isinstance(outcome, LockContention) and opts.on_contention == "skip":
+    if isinstance(outcome, ConflictError) and opts.on_contention == "skip":  # either 409: contention
         logger.info("lock is held elsewhere; skipping the block (on_contention='skip')")
         return None
     if isinstance(outcome, BaseException):

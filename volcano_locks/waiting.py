@@ -47,8 +47,8 @@ from typing import ClassVar, Protocol
 
 from volcano_locks.clock import lease_clock
 from volcano_locks.errors import (
+    ConflictError,
     ErrorCode,
-    LockContention,
     RateLimited,
     ServerError,
     TransportError,
@@ -481,7 +481,7 @@ def _settle(
         else:
             entry.holder, entry.free_seen = outcome, True
         return None
-    if isinstance(outcome, LockContention):  # OwnershipLost too: our own lapsed lease, not yet free
+    if isinstance(outcome, ConflictError):  # OwnershipLost too: our own lapsed lease, not yet free
         waiter.direct = False
         waiter.request_id = None
         state = outcome.holder or entry.holder or LockState(held=True)

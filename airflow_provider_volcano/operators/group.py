@@ -90,7 +90,7 @@ class VolcanoLockGroupAcquireOperator(VolcanoLockOperator):
     def _run_locked(
         self, context: Context, deadline: float | None, nonce: str, handoff: _Handoff | None = None
     ) -> Any:
-        from volcano_locks import InvalidRequest, LockContention, WaitTimeout
+        from volcano_locks import ConflictError, InvalidRequest, WaitTimeout
 
         client = self.hook.get_client()
         token = self._token(context, nonce)
@@ -115,7 +115,7 @@ class VolcanoLockGroupAcquireOperator(VolcanoLockOperator):
                     f"Timed out after {self.wait_timeout} s waiting for lock {self.lock_key!r}, "
                     f"{_holder_facts(exc.holder)}"
                 ) from None
-            except LockContention as exc:
+            except ConflictError as exc:
                 return self._contended(client, exc, context, deadline, nonce, handoff)
             except InvalidRequest as exc:
                 raise AirflowFailException(f"Invalid lock request for {self.lock_key!r}: {exc}") from None
@@ -168,7 +168,7 @@ class VolcanoLockGroupReleaseOperator(BaseOperator):
     def execute(self, context: Context) -> None:
         """Release the group's lease (nothing to do if the group never acquired it)."""
         from airflow_provider_volcano.hooks.volcano import VolcanoHook
-        from volcano_locks import LockContention, LockLease, VolcanoError
+        from volcano_locks import ConflictError, LockLease, VolcanoError
 
         group = _pull_group(context, self.acquire_task_id)
         if group is None:
@@ -192,7 +192,7 @@ class VolcanoLockGroupReleaseOperator(BaseOperator):
         with hook.get_client() as client:
             try:
                 client.release(key, lease)
-            except LockContention as exc:
+            except ConflictError as exc:
                 self.log.warning(
                     "The group's lease of lock %r (fencing token %s) was already lost (%s); "
                     "nothing to release",
@@ -215,7 +215,7 @@ def run_in_group(op: VolcanoLockOperator, context: Context) -> Any:
     :param op: the member operator (``lock_group`` set).
     :param context: the task's context.
     """
-    from volcano_locks import LockContention, OwnershipLost, VolcanoError
+    from volcano_locks import ConflictError, OwnershipLost, VolcanoError
     from volcano_locks.renewal import KeeperTiming, LeaseKeeper, renewal_timeout
 
     acquire_task_id = op.lock_group_task_id
@@ -239,7 +239,7 @@ def run_in_group(op: VolcanoLockOperator, context: Context) -> Any:
         try:
             # An unreachable API is waited out no longer than the group's lease could last.
             lease = op._acquire_with(client, time.time() + ttl, attempt, may_wait=False)
-        except LockContention as exc:
+        except ConflictError as exc:
             holder = op._holder(client)
             raise VolcanoLockLost(
                 f"The group's lock {key!r} (fencing token {fencing}) was lost before task "

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
     from airflow_provider_volcano._tokens import TaskIdentity
     from airflow_provider_volcano.hooks.volcano import VolcanoHook
-    from volcano_locks import LockContention, LockGuard, LockLease, LockState, VolcanoLocks
+    from volcano_locks import ConflictError, LockGuard, LockLease, LockState, VolcanoLocks
 
 __all__ = ["VolcanoLockContended", "VolcanoLockLost", "VolcanoLockOperator"]
 
@@ -274,7 +274,7 @@ class VolcanoLockOperator(BaseOperator):
     def _run_locked(
         self, context: Context, deadline: float | None, nonce: str, handoff: _Handoff | None = None
     ) -> Any:
-        from volcano_locks import InvalidRequest, LockContention, OwnershipLost, WaitTimeout
+        from volcano_locks import ConflictError, InvalidRequest, OwnershipLost, WaitTimeout
 
         client = self.hook.get_client()
         entered = False
@@ -289,7 +289,7 @@ class VolcanoLockOperator(BaseOperator):
                         f"Timed out after {self.wait_timeout} s waiting for lock {self.lock_key!r}, "
                         f"{_holder_facts(exc.holder)}"
                     ) from None
-                except LockContention as exc:
+                except ConflictError as exc:  # either 409 on acquisition: contention
                     return self._contended(client, exc, context, deadline, nonce, handoff)
                 except InvalidRequest as exc:
                     raise AirflowFailException(f"Invalid lock request for {self.lock_key!r}: {exc}") from None
@@ -383,7 +383,7 @@ class VolcanoLockOperator(BaseOperator):
         ``deferrable=False`` waits in this worker slot, and says so in the task log (unless
         ``may_wait`` is off: a group member never waits for its group's lease).
         """
-        from volcano_locks import LockContention, RateLimited, TransportError, Unavailable
+        from volcano_locks import ConflictError, RateLimited, TransportError, Unavailable
 
         wait_in_slot = False
         request_id = str(uuid.uuid4())
@@ -415,7 +415,7 @@ class VolcanoLockOperator(BaseOperator):
                     self.wait_timeout,
                 )
                 time.sleep(delay)
-            except LockContention as exc:
+            except ConflictError as exc:
                 if wait_in_slot or not may_wait or self.on_contention != "wait" or self.deferrable:
                     raise
                 holder = exc.holder if exc.holder is not None else self._holder(client)
@@ -451,7 +451,7 @@ class VolcanoLockOperator(BaseOperator):
     def _contended(
         self,
         client: VolcanoLocks | None,
-        exc: LockContention,
+        exc: ConflictError,
         context: Context,
         deadline: float | None,
         nonce: str,

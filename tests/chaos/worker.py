@@ -27,7 +27,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from volcano_locks import LockContention, OwnershipLost, VolcanoError, VolcanoLocks
+from volcano_locks import LockContention, OwnershipLost, VolcanoError, VolcanoLocks, WaitTimeout
 
 from .events import EventLog
 from .fenced_store import open_store
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
                 log.emit("outcome", cs=cs if entered else None, result="lost", error=type(exc).__name__)
                 if flags.in_write:
                     stores[0] = _reopen(stores[0], args, flags)
-            except LockContention as exc:  # WaitTimeout
+            except (LockContention, WaitTimeout) as exc:
                 flags.waiting = False
                 log.emit("outcome", cs=None, result="contention", error=type(exc).__name__)
             except VolcanoError as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import pickle
 
 import httpx
@@ -39,10 +40,12 @@ def test_tree() -> None:
         ProtocolError,
     ):
         assert issubclass(cls, VolcanoError)
-    assert issubclass(OwnershipLost, LockContention) and issubclass(WaitTimeout, LockContention)
+    # `except LockContention:` means contention; `except ConflictError:` (the SDK's name) any 409.
+    assert issubclass(LockContention, ConflictError) and issubclass(OwnershipLost, ConflictError)
+    assert not issubclass(OwnershipLost, LockContention) and not issubclass(WaitTimeout, ConflictError)
+    assert issubclass(WaitTimeout, VolcanoError) and issubclass(ConflictError, VolcanoError)
     assert issubclass(InvalidRequest, ValueError)
-    assert ConflictError is LockContention
-    assert volcano_locks.ConflictError is LockContention
+    assert volcano_locks.ConflictError is ConflictError
     assert set(volcano_locks.__all__) >= {
         "VolcanoLocks",
         "AsyncVolcanoLocks",
@@ -81,3 +84,13 @@ def test_transport_errors_translated_with_cause(raised: Exception) -> None:
         raise raised
     assert info.value.__cause__ is raised and info.value.request_id == "rid"
     assert "renew" in str(info.value)
+
+
+def test_an_acquisition_refused_either_way_is_a_conflict_as_the_sdk_says() -> None:
+    from volcano_locks.protocol import Call, Reply, error_from_reply
+
+    call = Call("acquire", "POST", "/locks/k/lease", "r-1", {})
+    for code, cls in (("lock_held", LockContention), ("lock_ownership_lost", OwnershipLost)):
+        body = json.dumps({"error": "no", "code": code}).encode()
+        exc = error_from_reply(call, Reply(409, {}, body, 0.0, None))  # type: ignore[arg-type]
+        assert type(exc) is cls and isinstance(exc, ConflictError) and exc.code == code
