@@ -1,22 +1,22 @@
 """Holding one run's lock: the sync and async shells around one set of decisions (`Holding`).
 
-The first attempt never waits: a contention is seen (and told, with the holder's fencing token)
-before the run decides to skip, fail or wait. Only then does a waiting run enter the core's wait,
-with a reminder every minute and, where Prefect's events reach it, a wake-up on each release.
+With `on_contention="wait"` the run waits in the core's wait engine (one engine, one request budget
+per process); the engine's reports are told in the run log, and when the wait starts the run also
+listens for the lock's release events, where Prefect's events reach it, to be woken on a release.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AsyncExitStack, ExitStack, asynccontextmanager, contextmanager
-from typing import Any, Literal
+from typing import Any
 
 from prefect import State
 
 from prefect_volcano._events import LockEvents
 from prefect_volcano._report import RunReport, Scope, WaitReporter, run_logger
 from prefect_volcano._spec import LockSpec
-from prefect_volcano._wake import alistening, listening
+from prefect_volcano._wake import anothing, listen_in_task, listen_in_thread
 from prefect_volcano.credentials import async_client_for, sync_client_for
 from volcano_locks import (
     AsyncLockGuard,
@@ -24,7 +24,6 @@ from volcano_locks import (
     LockContention,
     LockGuard,
     LockLease,
-    LockState,
     OwnershipLost,
     VolcanoError,
     VolcanoLocks,
@@ -38,54 +37,74 @@ Guard = LockGuard | AsyncLockGuard
 
 
 class Holding:
-    """One run's attempt at its lock: what it decided, what it holds, and what it tells the user."""
+    """One run's attempt at its lock: what it decided, what it holds, and what it tells the user.
 
-    def __init__(self, spec: LockSpec, key: str, scope: Scope, api_url: str, *, cancels: bool) -> None:
+    Args:
+        spec: The decorator's checked arguments.
+        key: The rendered lock key.
+        scope: What the lock wraps (a task or a flow run).
+        client: The run's locks client.
+        cancels: Whether loss cancels the body (async) rather than interrupting it (sync).
+        listen: Starts listening for releases when the wait starts; returns how to stop.
+    """
+
+    def __init__(
+        self,
+        spec: LockSpec,
+        key: str,
+        scope: Scope,
+        client: VolcanoLocks | AsyncVolcanoLocks,
+        *,
+        cancels: bool,
+        listen: Callable[[str, str, str, str | None], Callable[[], Any]],
+    ) -> None:
         self.spec = spec
         self.key = key
-        self.report = RunReport(key, scope, LockEvents(key, api_url), run_logger(), cancels=cancels)
+        self.client = client
+        self.report = RunReport(key, scope, LockEvents(key, client.api_url), run_logger(), cancels=cancels)
         self.guard: Guard | None = None
         self.skipped: State[None] | None = None
         self.lease: LockLease | None = None
-        self.waiter = WaitReporter(self.report)
+        self._listen = listen
+        self.stop_listening: Callable[[], Any] = lambda: None
+        self.waiter = WaitReporter(self.report, on_start=self._start_listening)
 
-    def open(self, client: VolcanoLocks | AsyncVolcanoLocks, policy: Literal["raise", "wait"]) -> Any:
-        """The core's `with_lock` for this run: `"raise"` first, `"wait"` once the run decided to wait."""
-        waits = policy == "wait"
-        context: LockContext | AsyncLockContext = client.with_lock(
+    def _start_listening(self) -> None:
+        client = self.client
+        self.stop_listening = self._listen(
+            self.key, client.api_url, client.credential_id, self.report.events.runner
+        )
+
+    def open(self) -> Any:
+        """The core's `with_lock` for this run (waiting in the core's engine with `on_contention="wait"`)."""
+        waits = self.spec.on_contention == "wait"
+        context: LockContext | AsyncLockContext = self.client.with_lock(
             self.key,
             self.spec.ttl,
-            on_contention=policy,
-            wait_timeout=self.spec.wait_timeout if waits else None,
+            on_contention="wait" if waits else "raise",
+            wait_timeout=self.spec.wait_timeout,
             interrupt=True,
             on_loss=self.lost,
             on_waiting=self.waiter if waits else None,
         )
         return context
 
-    def contended(self, exc: LockContention) -> bool:
-        """Decide what a contention on the first attempt means; return whether to wait.
+    def contended(self, exc: LockContention) -> None:
+        """Decide what a contention means under `skip` (skip) or `fail` (fail, naming the holder).
 
         Raises:
-            LockContention: With `on_contention="fail"`, naming the lock and the holder.
+            LockContention: With `on_contention="fail"`; any `OwnershipLost` or `WaitTimeout` as is.
         """
-        if isinstance(exc, OwnershipLost | WaitTimeout):
+        if isinstance(exc, OwnershipLost | WaitTimeout) or self.spec.on_contention == "wait":
             raise exc
-        policy = self.spec.on_contention
-        if policy == "skip":
+        if self.spec.on_contention == "skip":
             self.skipped = self.report.skipped(exc.holder)
-            return False
-        if policy == "fail":
-            message = self.report.contention_message(exc, policy)
-            self.report.log.error("%s", message)
-            raise LockContention(
-                message, status=exc.status, code=exc.code, request_id=exc.request_id, holder=exc.holder
-            ) from exc
-        return True
-
-    def waiting(self, holder: LockState | None) -> None:
-        """Tell the user the run waits (naming the holder's fencing token); the engine reports after."""
-        self.waiter.started(holder)
+            return
+        message = self.report.contention_message(exc, self.spec.on_contention)
+        self.report.log.error("%s", message)
+        raise LockContention(
+            message, status=exc.status, code=exc.code, request_id=exc.request_id, holder=exc.holder
+        ) from exc
 
     def entered(self, guard: Guard) -> None:
         """Record and tell that the lock is held."""
@@ -121,30 +140,19 @@ class Holding:
 # --------------------------------------------------------------------------------------- sync shell
 
 
-def _peek(client: VolcanoLocks, key: str) -> LockState | None:
-    # A 409 need not name the holder; one read does, once per wait, so the user learns who holds it.
-    try:
-        return client.get(key)
-    except VolcanoError:
-        return None
-
-
 @contextmanager
 def hold(spec: LockSpec, key: str, scope: Scope) -> Iterator[Holding]:
     """Hold `key` per `spec` around a sync body; `holding.guard` is None when the run skips."""
     with sync_client_for(spec.credentials.get()) as client:
-        holding = Holding(spec, key, scope, client.api_url, cancels=False)
+        holding = Holding(spec, key, scope, client, cancels=False, listen=listen_in_thread)
         try:
             with ExitStack() as stack:
                 try:
-                    holding.entered(stack.enter_context(holding.open(client, "raise")))
+                    holding.entered(stack.enter_context(holding.open()))
                 except LockContention as exc:
-                    if holding.contended(exc):
-                        holding.waiting(exc.holder or _peek(client, key))
-                        with listening(
-                            key, client.api_url, client.credential_id, holding.report.events.runner
-                        ):
-                            holding.entered(stack.enter_context(holding.open(client, "wait")))
+                    holding.contended(exc)
+                finally:
+                    holding.stop_listening()
                 yield holding
         except VolcanoError as exc:
             holding.failed(exc)
@@ -155,29 +163,20 @@ def hold(spec: LockSpec, key: str, scope: Scope) -> Iterator[Holding]:
 # -------------------------------------------------------------------------------------- async shell
 
 
-async def _apeek(client: AsyncVolcanoLocks, key: str) -> LockState | None:
-    try:
-        return await client.get(key)
-    except VolcanoError:
-        return None
-
-
 @asynccontextmanager
 async def hold_async(spec: LockSpec, key: str, scope: Scope) -> AsyncIterator[Holding]:
     """Hold `key` per `spec` around an async body (cancelled on loss); see `hold`."""
     async with async_client_for(await spec.credentials.aget()) as client:
-        holding = Holding(spec, key, scope, client.api_url, cancels=True)
+        holding = Holding(spec, key, scope, client, cancels=True, listen=listen_in_task)
+        holding.stop_listening = anothing
         try:
             async with AsyncExitStack() as stack:
                 try:
-                    holding.entered(await stack.enter_async_context(holding.open(client, "raise")))
+                    holding.entered(await stack.enter_async_context(holding.open()))
                 except LockContention as exc:
-                    if holding.contended(exc):
-                        holding.waiting(await _apeek(client, key) if exc.holder is None else exc.holder)
-                        async with alistening(
-                            key, client.api_url, client.credential_id, holding.report.events.runner
-                        ):
-                            holding.entered(await stack.enter_async_context(holding.open(client, "wait")))
+                    holding.contended(exc)
+                finally:
+                    await holding.stop_listening()
                 yield holding
         except VolcanoError as exc:
             holding.failed(exc)

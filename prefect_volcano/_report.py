@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any, Literal
 
 from prefect import State
@@ -175,33 +176,39 @@ class LossReport:
 
 
 class WaitReporter:
-    """Tells that a run waits for a lock: when it starts, then whenever the core's wait engine reports.
+    """Tells that a run waits for a lock, whenever the core's wait engine reports.
 
-    The engine (`volcano_locks.waiting`) decides when: at its first refusal and about every minute
-    after (`WaitPolicy.report_every`); this class says it in the run's log. It is the engine's
-    `on_waiting` callback.
+    The engine (`volcano_locks.waiting`) decides when: at its first refusal (the wait starts) and
+    about every minute after (`WaitPolicy.report_every`); this class says it in the run's log and
+    emits the `waiting` event. It is the engine's `on_waiting` callback.
+
+    Args:
+        report: The run's report (its log, key and events).
+        on_start: Called once, when the wait starts (e.g. to listen for releases).
     """
 
-    def __init__(self, report: RunReport) -> None:
+    def __init__(self, report: RunReport, on_start: Callable[[], object] = lambda: None) -> None:
         self._report = report
+        self._on_start = on_start
         self._reports = 0
         self.holder: LockState | None = None
 
-    def started(self, holder: LockState | None) -> None:
-        """Say the run starts to wait, naming the holder's fencing token when known."""
-        self.holder = holder
-        r = self._report
-        r.log.info("Waiting for lock %r, held by another run%s", r.key, _by_holder(holder))
-        r.events.emit("waiting", holder_fencing_token=holder.fencing_token if holder else None)
+    @property
+    def key(self) -> str:
+        """The lock waited for."""
+        return self._report.key
 
     def __call__(self, holder: LockState | None, waited: float) -> None:
-        """The engine's report: remember the holder it saw; from the second report on, say we still wait."""
+        """The engine's report: the holder it saw last and the seconds waited so far."""
         if holder is not None and holder.fencing_token:
             self.holder = holder
         self._reports += 1
-        if self._reports == 1:
-            return  # the engine's report of its first refusal: `started` told it already
         r = self._report
+        if self._reports == 1:
+            r.log.info("Waiting for lock %r, held by another run%s", r.key, _by_holder(self.holder))
+            r.events.emit("waiting", holder_fencing_token=self.holder.fencing_token if self.holder else None)
+            self._on_start()
+            return
         r.log.info(
             "Still waiting for lock %r after %.0f s, held by another run%s",
             r.key,

@@ -17,8 +17,7 @@ import contextvars
 import logging
 import os
 import threading
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
 from prefect.events import Event
@@ -29,7 +28,7 @@ from prefect.settings import PREFECT_API_URL
 from prefect_volcano._events import LOCK_RESOURCE_PREFIX, lock_resource_id
 from volcano_locks.waiting import wake
 
-__all__ = ["WAKE_ENV", "ReleaseListener", "WaitingLine", "alistening", "listening"]
+__all__ = ["WAKE_ENV", "ReleaseListener", "WaitingLine", "anothing", "listen_in_task", "listen_in_thread"]
 
 logger = logging.getLogger("prefect_volcano.wake")
 
@@ -168,12 +167,10 @@ class ReleaseListener:
             self._cancel_later()
 
 
-@contextmanager
-def listening(key: str, api_url: str, credential_id: str, me: str | None = None) -> Iterator[None]:
-    """Listen for releases of `key` on a daemon thread (its own event loop) for the block's duration."""
+def listen_in_thread(key: str, api_url: str, credential_id: str, me: str | None) -> Callable[[], None]:
+    """Start listening for releases of `key` on a daemon thread; return the function that stops it."""
     if not ReleaseListener.available():
-        yield
-        return
+        return _nothing
     listener = ReleaseListener(key, api_url, credential_id, me)
     loop = asyncio.new_event_loop()
     task = loop.create_task(listener.listen())
@@ -191,25 +188,34 @@ def listening(key: str, api_url: str, credential_id: str, me: str | None = None)
     context = contextvars.copy_context()
     thread = threading.Thread(target=context.run, args=(run,), name=f"volcano-lock-wake:{key}", daemon=True)
     thread.start()
-    try:
-        yield
-    finally:
+
+    def stop() -> None:
         loop.call_soon_threadsafe(task.cancel)
         thread.join(timeout=10)
 
+    return stop
 
-@asynccontextmanager
-async def alistening(
-    key: str, api_url: str, credential_id: str, me: str | None = None
-) -> AsyncIterator[None]:
-    """Listen for releases of `key` in a task of the running loop for the block's duration."""
+
+def listen_in_task(
+    key: str, api_url: str, credential_id: str, me: str | None
+) -> Callable[[], Awaitable[None]]:
+    """Start listening for releases of `key` in a task of the running loop; return its async stop."""
     if not ReleaseListener.available():
-        yield
-        return
+        return anothing
     listener = ReleaseListener(key, api_url, credential_id, me)
     task = asyncio.get_running_loop().create_task(listener.listen(), name=f"volcano-lock-wake:{key}")
-    try:
-        yield
-    finally:
+
+    async def stop() -> None:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+    return stop
+
+
+def _nothing() -> None:
+    return None
+
+
+async def anothing() -> None:
+    """Stop nothing (no listener was started)."""
+    return None

@@ -604,7 +604,7 @@ def test_the_loss_message_says_what_is_true(unique_key: str, retries: int, told:
     assert states[0].is_failed() == (retries == 0)
 
 
-def test_a_waiting_task_says_so_naming_the_holders_fencing_token(unique_key: str) -> None:
+def test_a_waiting_task_says_so(unique_key: str) -> None:
     @task
     @locked_task(unique_key, wait_timeout=30)
     def patient() -> int:
@@ -623,8 +623,7 @@ def test_a_waiting_task_says_so_naming_the_holders_fencing_token(unique_key: str
         f()
         timer.join()
     logs = run_logs(states[0])
-    waiting = (
-        f"Waiting for lock '{unique_key}', held by another run (holder's fencing token {lease.fencing_token})"
-    )
+    # The contract's 409 does not name the holder; the engine's later reports do, once it has looked.
+    waiting = f"Waiting for lock '{unique_key}', held by another run"
     assert waiting in logs
     assert logs.index(waiting) < logs.index(f"Acquired lock '{unique_key}'")

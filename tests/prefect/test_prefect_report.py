@@ -23,8 +23,7 @@ def test_a_wait_is_told_at_its_start_and_at_each_later_report(caplog: pytest.Log
     assert every == 60.0  # "about every minute": the engine's policy, the one place it is set
     waiting = reporter("nightly:2026-11-29")
     with caplog.at_level("INFO", logger=LOG.name):
-        waiting.started(None)  # the 409 did not name the holder
-        waiting(LockState(held=True), 0.01)  # the engine's first refusal: already told
+        waiting(LockState(held=True), 0.01)  # the engine's first refusal: the 409 did not name the holder
         waiting(LockState(held=True, fencing_token=7), every + 0.2)
         waiting(None, 2 * every + 0.9)  # nothing new seen: the last holder known is named
     assert [r.getMessage() for r in caplog.records] == [
@@ -36,9 +35,17 @@ def test_a_wait_is_told_at_its_start_and_at_each_later_report(caplog: pytest.Log
     ]
 
 
-def test_the_start_names_a_known_holder(caplog: pytest.LogCaptureFixture) -> None:
+def test_the_start_names_a_known_holder_and_starts_listening_once(caplog: pytest.LogCaptureFixture) -> None:
+    started: list[bool] = []
+    waiting = WaitReporter(
+        RunReport("k", "flow", LockEvents("k", "http://x"), LOG, cancels=True),
+        on_start=lambda: started.append(True),
+    )
     with caplog.at_level("INFO", logger=LOG.name):
-        reporter("k").started(LockState(held=True, fencing_token=12))
+        waiting(LockState(held=True, fencing_token=12), 0.0)
+        waiting(LockState(held=True, fencing_token=12), 60.0)
     assert [r.getMessage() for r in caplog.records] == [
-        "Waiting for lock 'k', held by another run (holder's fencing token 12)"
+        "Waiting for lock 'k', held by another run (holder's fencing token 12)",
+        "Still waiting for lock 'k' after 60 s, held by another run (holder's fencing token 12)",
     ]
+    assert started == [True]
