@@ -7,7 +7,6 @@ The contract's rules (key grammar, TTL bounds) are the core's: every check here 
 from __future__ import annotations
 
 import inspect
-import math
 import re
 import string
 import threading
@@ -16,8 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
 from prefect_volcano.credentials import VolcanoCredentials
-from volcano_locks import InvalidRequest
-from volcano_locks.protocol import validate_key, validate_ttl
+from volcano_locks import InvalidRequest, validate_key, validate_ttl, validate_wait_timeout
 
 __all__ = ["KeySpec", "LockSpec", "OnContention", "ResultMode", "lock_spec", "render_key"]
 
@@ -171,18 +169,10 @@ def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> str:
 
 
 def _check_wait_timeout(wait_timeout: object, on_contention: object) -> float | None:
-    if wait_timeout is None:
-        return None
-    if isinstance(wait_timeout, bool) or not isinstance(wait_timeout, int | float):
-        raise TypeError(f"wait_timeout must be a number of seconds or None, got {wait_timeout!r}")
-    if not (math.isfinite(wait_timeout) and wait_timeout >= 0):
-        # The core's wait refuses infinity too: None is how to say "no bound".
-        raise ValueError(
-            f"wait_timeout must be finite and >= 0 seconds (None: no bound), got {wait_timeout!r}"
-        )
-    if on_contention != "wait":
+    bound = validate_wait_timeout(wait_timeout)  # the core's rule: None, or finite seconds >= 0
+    if bound is not None and on_contention != "wait":
         raise ValueError(f"wait_timeout applies only to on_contention='wait', not {on_contention!r}")
-    return float(wait_timeout)
+    return bound
 
 
 def check_template_against(key: KeySpec, signature: inspect.Signature, fn: Callable[..., Any]) -> None:

@@ -8,8 +8,7 @@ import pytest
 from prefect import flow, task
 
 from prefect_volcano import VolcanoCredentials, current_lease, locked_flow, locked_task
-from volcano_locks import InvalidRequest
-from volcano_locks.protocol import validate_key, validate_ttl
+from volcano_locks import InvalidRequest, validate_key, validate_ttl, validate_wait_timeout
 
 
 def body(region: str, day: str = "2026-11-29") -> str:
@@ -41,19 +40,20 @@ def test_result_choices() -> None:
 def test_wait_timeout_rules() -> None:
     with pytest.raises(ValueError, match="wait_timeout applies only to on_contention='wait', not 'skip'"):
         locked_task("k", on_contention="skip", wait_timeout=5)
-    with pytest.raises(
-        ValueError, match=r"wait_timeout must be finite and >= 0 seconds \(None: no bound\), got -1"
-    ):
-        locked_task("k", wait_timeout=-1)
-    for unbounded in (float("inf"), float("nan")):
-        with pytest.raises(ValueError, match="wait_timeout must be finite"):
-            locked_task("k", wait_timeout=unbounded)
-        with pytest.raises(ValueError, match="wait_timeout must be finite"):
-            locked_flow("k", wait_timeout=unbounded)
-    with pytest.raises(TypeError, match="wait_timeout must be a number"):
-        locked_task("k", wait_timeout="5")  # type: ignore[arg-type]
+    # The core's rule and message (volcano_locks.validate_wait_timeout), at decoration time.
+    for bad in (-1, float("inf"), float("nan"), "5", True):
+        for decorator in (locked_task, locked_flow):
+            with pytest.raises(InvalidRequest) as raised:
+                decorator("k", wait_timeout=bad)
+            with pytest.raises(InvalidRequest) as core:
+                validate_wait_timeout(bad)
+            assert str(raised.value) == str(core.value)
+            assert str(raised.value).startswith(
+                f"invalid wait_timeout {bad!r}: expected None or seconds >= 0"
+            )
     locked_task("k", wait_timeout=0)
     locked_task("k", wait_timeout=2.5)
+    locked_flow("k", wait_timeout=None)
 
 
 def test_credentials_types() -> None:
