@@ -1,0 +1,96 @@
+"""A Prefect flow that maps 50 locked tasks over 50 held keys, beside holders, at the real quota.
+
+The mapped task runs are threads of one process: their waits share the process's one wait engine and
+waiting budget, so the holders of the same project (``ttl=15``) never have a renewal refused, and
+every task gets its lock once the key is released.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prefect import flow, task
+
+from prefect_volcano import VolcanoCredentials, current_lease, locked_task
+from volcano_locks import VolcanoLocks
+from volcano_locks.server.harness import LocalServer
+
+pytestmark = pytest.mark.slow
+
+KEYS = 50
+
+
+@pytest.fixture
+def quota_server(tmp_path: Path) -> Iterator[LocalServer]:
+    with LocalServer(db=str(tmp_path / "prefect-fleet.sqlite3"), admin=True, quota=600) as srv:
+        yield srv
+
+
+def test_fifty_mapped_locked_tasks_wait_without_costing_the_holders(
+    quota_server: LocalServer, unique_key: str
+) -> None:
+    url, key = quota_server.url, quota_server.service_key
+    other = quota_server.mint_key(permissions=["locks.manage"])  # the keys' holders: another credential
+    keys = [f"{unique_key}-{i}" for i in range(KEYS)]
+    with VolcanoLocks(url, service_key=other) as outside:
+        held = {k: outside.acquire(k, 600) for k in keys}
+    creds = VolcanoCredentials(api_url=url, service_key=key)
+
+    @locked_task("{lock}", ttl=15, credentials=creds, on_contention="wait", wait_timeout=240)
+    @task
+    def refresh(lock: str) -> int:
+        return current_lease().fencing_token
+
+    @flow
+    def fan_out(locks: list[str]) -> list[int]:
+        return refresh.map(locks).result()  # type: ignore[no-any-return]
+
+    stop = threading.Event()
+    lost: list[str] = []
+
+    def hold(n: int) -> None:
+        with (
+            VolcanoLocks(url, service_key=key) as client,
+            client.with_lock(f"{unique_key}-h{n}", 15) as guard,
+        ):
+            stop.wait(300)
+            if guard.lost:
+                lost.append(str(guard.loss))
+
+    def release_later() -> None:
+        time.sleep(30)  # the mapped tasks wait on held keys for a while, then the keys come free
+        with VolcanoLocks(url, service_key=other) as outside:
+            for k in keys:
+                outside.release(k, held[k])
+
+    holders = [threading.Thread(target=hold, args=(n,)) for n in range(5)]
+    releaser = threading.Thread(target=release_later)
+    for t in [*holders, releaser]:
+        t.start()
+    started = time.monotonic()
+    try:
+        tokens = fan_out(keys)
+    finally:
+        releaser.join(60)
+        stop.set()
+        for t in holders:
+            t.join(30)
+    elapsed = time.monotonic() - started
+
+    assert len(tokens) == KEYS and all(t > held[k].fencing_token for t, k in zip(tokens, keys, strict=True))
+    assert lost == []
+    refused = [r for r in quota_server.requests() if r.get("status") == 429]
+    assert refused == [], refused[:3]
+    spent = [
+        r
+        for r in quota_server.requests()
+        if r.get("op") in ("get", "acquire") and unique_key in r["path"] and "-h" not in r["path"]
+    ]
+    # The 50 held keys' own acquisitions; the waiters' first attempts and looks from one budget of
+    # 120 a minute (+ its burst of 10); and one acquisition per key seen free, which goes ahead of the
+    # budget's reads (the reads after it pay for it).
+    assert len(spent) <= KEYS + (10 + 120 * elapsed / 60) + KEYS, (len(spent), elapsed)
