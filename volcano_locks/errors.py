@@ -131,8 +131,8 @@ def _rebuild(cls: type[VolcanoError], message: str, state: dict[str, object]) ->
     return exc
 
 
-class ConflictError(VolcanoError):
-    """A 409: the lock is not the caller's (the Volcano SDK's name); ``holder`` is what is known of it."""
+class _HolderKnown(VolcanoError):
+    """An error that says what is known of the lock's holder (``holder``, a ``LockState`` or ``None``)."""
 
     def __init__(
         self,
@@ -146,6 +146,10 @@ class ConflictError(VolcanoError):
     ) -> None:
         super().__init__(message, status=status, code=code, request_id=request_id, retry_after=retry_after)
         self.holder = holder
+
+
+class ConflictError(_HolderKnown):
+    """A 409: the lock is not the caller's (the Volcano SDK's name); ``holder`` is what is known of it."""
 
 
 class LockContention(ConflictError):
@@ -156,21 +160,8 @@ class OwnershipLost(ConflictError):
     """This holder no longer owns the lease: 409 ``lock_ownership_lost`` or loss detected by the keeper."""
 
 
-class WaitTimeout(VolcanoError):
+class WaitTimeout(_HolderKnown):
     """A wait for a lock gave up after its timeout; ``holder`` is the last lock state it saw."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        status: int | None = None,
-        code: str | None = None,
-        request_id: str | None = None,
-        retry_after: float | None = None,
-        holder: LockState | None = None,
-    ) -> None:
-        super().__init__(message, status=status, code=code, request_id=request_id, retry_after=retry_after)
-        self.holder = holder
 
 
 class RateLimited(VolcanoError):

@@ -13,13 +13,39 @@ Only locks are offered: the rest of Volcano's platform is not this project's.
 from __future__ import annotations
 
 from types import TracebackType
+from typing import Generic, TypeVar
 
 from volcano_locks.client import AsyncVolcanoLocks, VolcanoLocks
 
 __all__ = ["AsyncVolcanoClient", "VolcanoClient"]
 
 
-class VolcanoClient:
+_LocksT = TypeVar("_LocksT", VolcanoLocks, AsyncVolcanoLocks)
+
+
+class _Front(Generic[_LocksT]):
+    """The SDK's constructor, shared by both entry points; ``locks`` is the lock client."""
+
+    _locks_type: type[_LocksT]
+
+    def __init__(
+        self,
+        anon_key: str | None = None,
+        service_key: str | None = None,
+        api_url: str | None = None,
+        *,
+        timeout: float = 10.0,
+        wait_budget: int | None = None,
+    ) -> None:
+        self.locks: _LocksT = self._locks_type(
+            api_url, anon_key, service_key, timeout=timeout, wait_budget=wait_budget
+        )
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(api_url={self.locks.api_url!r})"
+
+
+class VolcanoClient(_Front[VolcanoLocks]):
     """Volcano's SDK entry point, for locks: ``client.locks`` is a :class:`~volcano_locks.VolcanoLocks`.
 
     Args:
@@ -35,16 +61,7 @@ class VolcanoClient:
         ...     print("Current fence", guard.lease.fencing_token)
     """
 
-    def __init__(
-        self,
-        anon_key: str | None = None,
-        service_key: str | None = None,
-        api_url: str | None = None,
-        *,
-        timeout: float = 10.0,
-        wait_budget: int | None = None,
-    ) -> None:
-        self.locks = VolcanoLocks(api_url, anon_key, service_key, timeout=timeout, wait_budget=wait_budget)
+    _locks_type = VolcanoLocks
 
     def close(self) -> None:
         """Close the lock client's connections."""
@@ -58,25 +75,11 @@ class VolcanoClient:
     ) -> None:
         self.close()
 
-    def __repr__(self) -> str:
-        return f"VolcanoClient(api_url={self.locks.api_url!r})"
 
-
-class AsyncVolcanoClient:
+class AsyncVolcanoClient(_Front[AsyncVolcanoLocks]):
     """The async twin of :class:`VolcanoClient`: ``client.locks`` is an ``AsyncVolcanoLocks``."""
 
-    def __init__(
-        self,
-        anon_key: str | None = None,
-        service_key: str | None = None,
-        api_url: str | None = None,
-        *,
-        timeout: float = 10.0,
-        wait_budget: int | None = None,
-    ) -> None:
-        self.locks = AsyncVolcanoLocks(
-            api_url, anon_key, service_key, timeout=timeout, wait_budget=wait_budget
-        )
+    _locks_type = AsyncVolcanoLocks
 
     async def aclose(self) -> None:
         """Close the lock client's connections."""
@@ -89,6 +92,3 @@ class AsyncVolcanoClient:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.aclose()
-
-    def __repr__(self) -> str:
-        return f"AsyncVolcanoClient(api_url={self.locks.api_url!r})"

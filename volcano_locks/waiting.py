@@ -43,6 +43,7 @@ from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from typing import ClassVar, Protocol
 
 from volcano_locks.clock import lease_clock
@@ -563,42 +564,26 @@ def wait_acquire(
     """
     signal = _ThreadSignal()
     waiter = _new_waiter(key, ttl, timeout, token, poll, request_id, signal)
-    with SharedPolls.join("thread", client.api_url, client.credential_id, waiter) as entry:
-        flow = _wait_flow(
-            entry,
-            waiter,
-            client.governor,
-            _policy(poll, policy),
-            timeout,
-            on_waiting,
-            lease_clock,
-            random.random,
-        )
-        try:
-            step = next(flow)
-            while True:
-                if isinstance(step, _Block):
-                    remaining = step.until - lease_clock()
-                    if remaining > 0:
-                        signal.event.wait(remaining if math.isfinite(remaining) else None)
-                    signal.event.clear()
-                    step = flow.send(None)
-                    continue
-                outcome: object
-                try:
-                    client.governor.note_waiting()
-                    if step.op == "get":
-                        outcome = client.get(key)
-                    else:
-                        outcome = client.acquire(key, ttl, token=waiter.token, request_id=waiter.request_id)
-                except VolcanoError as exc:
-                    outcome = exc
-                step = flow.send(outcome)
-        except StopIteration as stop:
-            lease: LockLease = stop.value
-            return lease
-        finally:
-            flow.close()
+    with _flow_for(client, "thread", waiter, poll, policy, timeout, on_waiting) as flow:
+        step, lease = _advance(flow, None)
+        while step is not None:
+            if isinstance(step, _Block):
+                remaining = step.until - lease_clock()
+                if remaining > 0:
+                    signal.event.wait(remaining if math.isfinite(remaining) else None)
+                signal.event.clear()
+                step, lease = _advance(flow, None)
+                continue
+            client.governor.note_waiting()
+            step, lease = _advance(flow, _outcome(partial(_send_sync, client, waiter, step.op)))
+        assert lease is not None
+        return lease
+
+
+def _send_sync(client: SyncWaitClient, waiter: _Waiter, op: str) -> object:
+    if op == "get":
+        return client.get(waiter.key)
+    return client.acquire(waiter.key, waiter.ttl, token=waiter.token, request_id=waiter.request_id)
 
 
 async def async_wait_acquire(
@@ -624,7 +609,43 @@ async def async_wait_acquire(
     """
     signal = _LoopSignal(asyncio.get_running_loop())
     waiter = _new_waiter(key, ttl, timeout, token, poll, request_id, signal)
-    scope = asyncio.get_running_loop()
+    with _flow_for(client, asyncio.get_running_loop(), waiter, poll, policy, timeout, on_waiting) as flow:
+        step, lease = _advance(flow, None)
+        while step is not None:
+            if isinstance(step, _Block):
+                remaining = step.until - lease_clock()
+                if remaining > 0:
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(remaining if math.isfinite(remaining) else None):
+                            await signal.event.wait()
+                signal.event.clear()
+                step, lease = _advance(flow, None)
+                continue
+            client.governor.note_waiting()
+            call = client.get(key) if step.op == "get" else _acquire_or_undo(client, waiter)
+            try:
+                outcome: object = await call
+            except VolcanoError as exc:
+                outcome = exc
+            step, lease = _advance(flow, outcome)
+        assert lease is not None
+        return lease
+
+
+_Flow = Generator[_Step, object, LockLease]
+
+
+@contextmanager
+def _flow_for(
+    client: SyncWaitClient | AsyncWaitClient,
+    scope: object,
+    waiter: _Waiter,
+    poll: float,
+    policy: WaitPolicy | None,
+    timeout: float | None,
+    on_waiting: OnWaiting | None,
+) -> Iterator[_Flow]:
+    """Queue ``waiter`` on its key's shared poll and give the engine's flow for it; close it after."""
     with SharedPolls.join(scope, client.api_url, client.credential_id, waiter) as entry:
         flow = _wait_flow(
             entry,
@@ -637,34 +658,24 @@ async def async_wait_acquire(
             random.random,
         )
         try:
-            step = next(flow)
-            while True:
-                if isinstance(step, _Block):
-                    remaining = step.until - lease_clock()
-                    if remaining > 0:
-                        try:
-                            async with asyncio.timeout(remaining if math.isfinite(remaining) else None):
-                                await signal.event.wait()
-                        except TimeoutError:
-                            pass
-                    signal.event.clear()
-                    step = flow.send(None)
-                    continue
-                outcome: object
-                try:
-                    client.governor.note_waiting()
-                    if step.op == "get":
-                        outcome = await client.get(key)
-                    else:
-                        outcome = await _acquire_or_undo(client, waiter)
-                except VolcanoError as exc:
-                    outcome = exc
-                step = flow.send(outcome)
-        except StopIteration as stop:
-            lease: LockLease = stop.value
-            return lease
+            yield flow
         finally:
             flow.close()
+
+
+def _advance(flow: _Flow, outcome: object) -> tuple[_Step | None, LockLease | None]:
+    """Send ``outcome`` into the flow: its next step, or ``None`` and the lease it returned."""
+    try:
+        return flow.send(outcome), None
+    except StopIteration as stop:
+        return None, stop.value
+
+
+def _outcome(call: Callable[[], object]) -> object:
+    try:
+        return call()
+    except VolcanoError as exc:
+        return exc
 
 
 _undoing: set[asyncio.Task[None]] = set()  # strong refs so pending clean-ups are not collected mid-flight
