@@ -10,7 +10,6 @@ triggers.
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +19,7 @@ from volcano_airflow_testlib import volcano_conn_json
 
 from airflow_provider_volcano._tokens import TaskIdentity, new_nonce
 from airflow_provider_volcano.triggers.lock import VolcanoLockTrigger
-from volcano_locks import VolcanoLocks
+from tests.fleet import hold_elsewhere, holders, release_elsewhere
 from volcano_locks.server.harness import LocalServer
 
 pytestmark = pytest.mark.slow
@@ -44,29 +43,8 @@ async def _first_event(trigger: VolcanoLockTrigger) -> dict[str, object]:
 async def test_two_hundred_deferred_tasks_cost_the_holders_nothing(
     quota_server: LocalServer, unique_key: str
 ) -> None:
-    url, key = quota_server.url, quota_server.service_key
-    other = quota_server.mint_key(
-        permissions=["locks.manage"]
-    )  # another credential: whoever holds the 200 keys: same project, elsewhere
     keys = [f"{unique_key}-{i}" for i in range(TRIGGERS)]
-    with VolcanoLocks(url, service_key=other) as outside:
-        held = {k: outside.acquire(k, 600) for k in keys}
-
-    stop = threading.Event()
-    lost: list[str] = []
-
-    def hold(n: int) -> None:  # holders of the same connection, in the same project
-        with (
-            VolcanoLocks(url, service_key=key) as client,
-            client.with_lock(f"{unique_key}-h{n}", 15) as guard,
-        ):
-            stop.wait(300)
-            if guard.lost:
-                lost.append(str(guard.loss))
-
-    holders = [threading.Thread(target=hold, args=(n,)) for n in range(5)]
-    for t in holders:
-        t.start()
+    other, held = hold_elsewhere(quota_server, keys)  # whoever holds them: same project, elsewhere
     nonce = new_nonce()
     triggers = [
         VolcanoLockTrigger(
@@ -78,28 +56,24 @@ async def test_two_hundred_deferred_tasks_cost_the_holders_nothing(
         for i, k in enumerate(keys)
     ]
     since = time.time()
-    tasks = [asyncio.create_task(_first_event(t)) for t in triggers]
-    started = time.monotonic()
-    try:
-        await asyncio.sleep(20)
-        released = keys[::40]  # five keys are released while the others keep waiting
-        with VolcanoLocks(url, service_key=other) as outside:
-            for k in released:
-                outside.release(k, held[k])
-        fired = [tasks[keys.index(k)] for k in released]
-        done, _ = await asyncio.wait(fired, timeout=150)
-        await asyncio.sleep(max(0.0, 70 - (time.monotonic() - started)))  # over a minute in all
-        assert all(t in done for t in fired), "a released key never reached its trigger"
-        events = [t.result() for t in fired]
-        assert all(e["status"] == "acquired" for e in events), events
-        assert sum(t.done() for t in tasks) == len(released)  # the others are still waiting
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        stop.set()
-        for t in holders:
-            t.join(30)
+    with holders(quota_server, unique_key) as lost:  # holders of the same connection and project
+        tasks = [asyncio.create_task(_first_event(t)) for t in triggers]
+        started = time.monotonic()
+        try:
+            await asyncio.sleep(20)
+            released = keys[::40]  # five keys are released while the others keep waiting
+            release_elsewhere(quota_server, other, held, released)
+            fired = [tasks[keys.index(k)] for k in released]
+            done, _ = await asyncio.wait(fired, timeout=150)
+            await asyncio.sleep(max(0.0, 70 - (time.monotonic() - started)))  # over a minute in all
+            assert all(t in done for t in fired), "a released key never reached its trigger"
+            events = [t.result() for t in fired]
+            assert all(e["status"] == "acquired" for e in events), events
+            assert sum(t.done() for t in tasks) == len(released)  # the others are still waiting
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
     elapsed = time.monotonic() - started
 
     assert lost == []

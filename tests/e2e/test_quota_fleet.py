@@ -17,10 +17,10 @@ import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from tests.fleet import hold_elsewhere, holders, refused_keeping, release_elsewhere
 from volcano_locks import VolcanoLocks, WaitTimeout
 from volcano_locks.server.harness import LocalServer
 
@@ -37,35 +37,15 @@ def quota_server(tmp_path: Path) -> Iterator[LocalServer]:
         yield srv
 
 
-def _refused_keeping(server: LocalServer) -> list[dict[str, Any]]:
-    """Renewals and releases the server refused for the quota (what must never happen)."""
-    return [r for r in server.requests() if r.get("op") in ("renew", "release") and r.get("status") == 429]
-
-
 def test_five_holders_keep_their_locks_while_the_same_process_waits_on_thirty_keys(
     quota_server: LocalServer, unique_key: str
 ) -> None:
     """The issue's first scenario: it used to cost ~850 requests a minute and all five holders."""
     url, key = quota_server.url, quota_server.service_key
-    other = quota_server.mint_key(
-        permissions=["locks.manage"]
-    )  # another credential: the holders of the thirty keys: same project, another process
     waited = [f"{unique_key}-w{i}" for i in range(30)]
-    with VolcanoLocks(url, service_key=other) as outside:
-        held = {k: outside.acquire(k, 600) for k in waited}  # held long, renewed never: they cost nothing
+    other, held = hold_elsewhere(quota_server, waited)  # held long, renewed never: they cost nothing
     released_at: dict[str, float] = {}
     got_at: dict[str, float] = {}
-    stop = threading.Event()
-    holders_lost: list[str] = []
-
-    def hold(n: int) -> None:
-        with (
-            VolcanoLocks(url, service_key=key) as client,
-            client.with_lock(f"{unique_key}-h{n}", 15) as guard,
-        ):
-            stop.wait(140)
-            if guard.lost:
-                holders_lost.append(f"h{n}: {guard.loss}")
 
     def wait(k: str) -> None:
         with VolcanoLocks(url, service_key=key) as client:
@@ -76,26 +56,21 @@ def test_five_holders_keep_their_locks_while_the_same_process_waits_on_thirty_ke
             got_at[k] = time.monotonic()
             client.release(k, lease)
 
-    threads = [threading.Thread(target=hold, args=(n,)) for n in range(5)]
-    threads += [threading.Thread(target=wait, args=(k,)) for k in waited]
+    waiters = [threading.Thread(target=wait, args=(k,)) for k in waited]
     started = time.monotonic()
-    for t in threads:
-        t.start()
-    time.sleep(60)  # a full minute of thirty waiting keys beside five holders
-    with VolcanoLocks(url, service_key=other) as outside:
-        for k in waited[:6]:  # six keys are released midway
-            outside.release(k, held[k])
-            released_at[k] = time.monotonic()
-    for t in threads[5:]:
-        t.join(150)
-    stop.set()
-    for t in threads[:5]:
-        t.join(30)
+    with holders(quota_server, unique_key) as holders_lost:
+        for t in waiters:
+            t.start()
+        time.sleep(60)  # a full minute of thirty waiting keys beside five holders
+        release_elsewhere(quota_server, other, held, waited[:6])  # six keys are released midway
+        released_at.update({k: time.monotonic() for k in waited[:6]})
+        for t in waiters:
+            t.join(150)
     elapsed = time.monotonic() - started
 
     assert elapsed >= 120
     assert holders_lost == []
-    assert _refused_keeping(quota_server) == []
+    assert refused_keeping(quota_server) == []
     handoffs = {k: got_at.get(k, float("inf")) - released_at[k] for k in released_at}
     assert all(0 <= d <= 30 for d in handoffs.values()), handoffs
     assert set(got_at) == set(released_at)  # and the others were still waiting when they gave up
@@ -135,7 +110,7 @@ def test_twenty_waiting_processes_on_one_key_cost_the_holder_nothing(
         assert proc.returncode == 0, err[-2000:]
         results.append(json.loads(out.strip().splitlines()[-1]))
 
-    assert _refused_keeping(quota_server) == []
+    assert refused_keeping(quota_server) == []
     results.sort(key=lambda r: r["acquired"])
     tokens = [r["fencing_token"] for r in results]
     assert (

@@ -16,7 +16,7 @@ import pytest
 from prefect import flow, task
 
 from prefect_volcano import VolcanoCredentials, current_lease, locked_task
-from volcano_locks import VolcanoLocks
+from tests.fleet import hold_elsewhere, holders, release_elsewhere
 from volcano_locks.server.harness import LocalServer
 
 pytestmark = pytest.mark.slow
@@ -34,10 +34,8 @@ def test_fifty_mapped_locked_tasks_wait_without_costing_the_holders(
     quota_server: LocalServer, unique_key: str
 ) -> None:
     url, key = quota_server.url, quota_server.service_key
-    other = quota_server.mint_key(permissions=["locks.manage"])  # the keys' holders: another credential
     keys = [f"{unique_key}-{i}" for i in range(KEYS)]
-    with VolcanoLocks(url, service_key=other) as outside:
-        held = {k: outside.acquire(k, 600) for k in keys}
+    other, held = hold_elsewhere(quota_server, keys)  # the keys' holders: another credential
     creds = VolcanoCredentials(api_url=url, service_key=key)
 
     @locked_task("{lock}", ttl=15, credentials=creds, on_contention="wait", wait_timeout=240)
@@ -49,36 +47,18 @@ def test_fifty_mapped_locked_tasks_wait_without_costing_the_holders(
     def fan_out(locks: list[str]) -> list[int]:
         return refresh.map(locks).result()  # type: ignore[no-any-return]
 
-    stop = threading.Event()
-    lost: list[str] = []
-
-    def hold(n: int) -> None:
-        with (
-            VolcanoLocks(url, service_key=key) as client,
-            client.with_lock(f"{unique_key}-h{n}", 15) as guard,
-        ):
-            stop.wait(300)
-            if guard.lost:
-                lost.append(str(guard.loss))
-
     def release_later() -> None:
         time.sleep(30)  # the mapped tasks wait on held keys for a while, then the keys come free
-        with VolcanoLocks(url, service_key=other) as outside:
-            for k in keys:
-                outside.release(k, held[k])
+        release_elsewhere(quota_server, other, held, keys)
 
-    holders = [threading.Thread(target=hold, args=(n,)) for n in range(5)]
     releaser = threading.Thread(target=release_later)
-    for t in [*holders, releaser]:
-        t.start()
     started = time.monotonic()
-    try:
-        tokens = fan_out(keys)
-    finally:
-        releaser.join(60)
-        stop.set()
-        for t in holders:
-            t.join(30)
+    with holders(quota_server, unique_key) as lost:
+        releaser.start()
+        try:
+            tokens = fan_out(keys)
+        finally:
+            releaser.join(60)
     elapsed = time.monotonic() - started
 
     assert len(tokens) == KEYS and all(t > held[k].fencing_token for t, k in zip(tokens, keys, strict=True))
