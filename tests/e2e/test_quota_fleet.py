@@ -124,4 +124,6 @@ def test_twenty_waiting_processes_on_one_key_cost_the_holder_nothing(
         r for r in quota_server.requests() if r.get("op") in ("get", "acquire") and unique_key in r["path"]
     ]
     while_held = [r for r in looks if held_from <= r["time"] <= held_until]
-    assert len(while_held) / ((held_until - held_from) / 60) <= 150  # well inside 600, beside the holder
+    # Each process's looks back off from 1 s to 20 s: about 9 requests in its first 65 s, then 3 a
+    # minute; twenty of them stay near 170 a minute while they ramp, well inside the 600.
+    assert len(while_held) / ((held_until - held_from) / 60) <= 200
