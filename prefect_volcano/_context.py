@@ -34,14 +34,8 @@ def lease_scope(guard: LockGuard | AsyncLockGuard) -> Iterator[None]:
 
 
 def lease_info(lease: LockLease) -> LeaseInfo:
-    """Turn a core lease into its public facts."""
-    return LeaseInfo(
-        lock_key=lease.key,
-        fencing_token=lease.fencing_token,
-        acquired_at=lease.acquired_at,
-        expires_at=lease.expires_at,
-        ttl=lease.ttl,
-    )
+    """Turn a core lease into its public facts (the core's one conversion)."""
+    return lease.facts()
 
 
 def current_lease() -> LeaseInfo:

@@ -123,12 +123,5 @@ def _outcome(holding: Holding, value: Any) -> Any:
         return holding.skipped
     lease = holding.lease
     if holding.spec.result == "locked_result" and lease is not None and not isinstance(value, State):
-        info = lease_info(lease)
-        return LockedResult(
-            value=value,
-            lock_key=info.lock_key,
-            fencing_token=info.fencing_token,
-            acquired_at=info.acquired_at,
-            expires_at=info.expires_at,
-        )
+        return LockedResult(value=value, lease=lease_info(lease))
     return value

@@ -1,43 +1,24 @@
-"""Public facts about a held lease: what the task body and the task's caller may see."""
+"""Public facts about a held lease: what the task body and the task's caller may see.
+
+The facts are the core's one public form of a lease, :class:`volcano_locks.LeaseFacts` (the same
+lock key, fencing token, times and TTL that Airflow puts in XCom): never the ownership token.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
+
+from volcano_locks import LeaseFacts
 
 __all__ = ["LeaseInfo", "LockedResult"]
 
 T = TypeVar("T")
 
-
-@dataclass(frozen=True)
-class LeaseInfo:
-    """The public facts of the lease a `locked_task` body runs under (never the ownership token).
-
-    Attributes:
-        lock_key: The lock key, after templating.
-        fencing_token: The lease's fencing token; hand it to every write the body makes.
-        acquired_at: When the lease was acquired (aware UTC).
-        expires_at: When the lease expires unless renewed again (aware UTC; moves on each renewal).
-        ttl: The lease's TTL in seconds.
-    """
-
-    lock_key: str
-    fencing_token: int
-    acquired_at: datetime
-    expires_at: datetime
-    ttl: int
-
-    def public_dict(self) -> dict[str, Any]:
-        """Return the facts as JSON-friendly primitives (ISO 8601 timestamps)."""
-        return {
-            "lock_key": self.lock_key,
-            "fencing_token": self.fencing_token,
-            "acquired_at": self.acquired_at.isoformat(),
-            "expires_at": self.expires_at.isoformat(),
-            "ttl": self.ttl,
-        }
+LeaseInfo = LeaseFacts
+"""What `current_lease()` gives a body: the core's `LeaseFacts` (lock_key, fencing_token, acquired_at,
+expires_at, ttl; `as_dict()` / `public_dict()` for JSON)."""
 
 
 @dataclass(frozen=True)
@@ -49,14 +30,28 @@ class LockedResult(Generic[T]):
 
     Attributes:
         value: What the task body returned.
-        lock_key: The lock key, after templating.
-        fencing_token: The fencing token of the lease the body ran under.
-        acquired_at: When the lease was acquired (aware UTC).
-        expires_at: The lease's expiry as last renewed before release (aware UTC).
+        lease: The public facts of the lease the body ran under (expiry as last renewed).
     """
 
     value: T
-    lock_key: str
-    fencing_token: int
-    acquired_at: datetime
-    expires_at: datetime
+    lease: LeaseFacts
+
+    @property
+    def lock_key(self) -> str:
+        """The lock key, after templating."""
+        return self.lease.lock_key
+
+    @property
+    def fencing_token(self) -> int:
+        """The fencing token of the lease the body ran under."""
+        return self.lease.fencing_token
+
+    @property
+    def acquired_at(self) -> datetime:
+        """When the lease was acquired (aware UTC)."""
+        return self.lease.acquired_at
+
+    @property
+    def expires_at(self) -> datetime:
+        """The lease's expiry as last renewed before release (aware UTC)."""
+        return self.lease.expires_at

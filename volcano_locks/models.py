@@ -74,6 +74,10 @@ class LeaseFacts:
             "ttl": self.ttl,
         }
 
+    def public_dict(self) -> dict[str, str | int]:
+        """The same as :meth:`as_dict` (the name ``LockLease.public_dict`` uses too)."""
+        return self.as_dict()
+
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> LeaseFacts:
         """Rebuild the facts from :meth:`as_dict` output (e.g. read back from XCom)."""

@@ -22,7 +22,7 @@ from prefect_volcano import (
     is_skipped,
     locked_task,
 )
-from volcano_locks import InvalidRequest, LockContention, OwnershipLost, VolcanoLocks, WaitTimeout
+from volcano_locks import InvalidRequest, LeaseFacts, LockContention, OwnershipLost, VolcanoLocks, WaitTimeout
 
 pytestmark = pytest.mark.usefixtures("volcano_env")
 
@@ -115,7 +115,9 @@ def test_locked_result_carries_the_fencing_token_not_the_ownership_token(unique_
 
     out = f()
     assert out.value == 7 and out.lock_key == unique_key and out.fencing_token > 0
-    assert set(vars(out)) == {"value", "lock_key", "fencing_token", "acquired_at", "expires_at"}
+    # The value and the core's one public form of the lease: nothing else, never the token.
+    assert set(vars(out)) == {"value", "lease"} and isinstance(out.lease, LeaseFacts)
+    assert out.lease.as_dict()["fencing_token"] == out.fencing_token and "token" not in vars(out.lease)
 
 
 def test_callable_key_and_bad_rendered_keys(unique_key: str) -> None:
