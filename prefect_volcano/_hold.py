@@ -16,7 +16,7 @@ from prefect import State
 from prefect_volcano._events import LockEvents
 from prefect_volcano._report import RunReport, Scope, WaitReporter, run_logger
 from prefect_volcano._spec import LockSpec
-from prefect_volcano._wake import anothing, listen_in_task, listen_in_thread
+from prefect_volcano._wake import ReleaseListener, anothing, listen_in_task, listen_in_thread
 from prefect_volcano.credentials import async_client_for, sync_client_for
 from volcano_locks import (
     AsyncLockGuard,
@@ -30,6 +30,10 @@ from volcano_locks import (
     WaitTimeout,
 )
 from volcano_locks.guard import AsyncLockContext, LockContext
+from volcano_locks.waiting import WaitPolicy
+
+EVENTS_WAIT_POLICY = WaitPolicy(poll=1.0, factor=1.6, cap=60.0)
+"""Looks while release events wake the waiter: backing off to one a minute (the safety net only)."""
 
 __all__ = ["Holding", "hold", "hold_async"]
 
@@ -86,6 +90,9 @@ class Holding:
             interrupt=True,
             on_loss=self.lost,
             on_waiting=self.waiter if waits else None,
+            # Where releases are announced (events), looks are only the safety net for a holder that
+            # dies without releasing, and the engine looks at such a holder's expiry anyway.
+            wait_policy=EVENTS_WAIT_POLICY if waits and ReleaseListener.available() else None,
         )
         return context
 

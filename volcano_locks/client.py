@@ -328,6 +328,7 @@ class VolcanoLocks(_Base):
         interrupt: bool = False,
         on_loss: Callable[[OwnershipLost], object] | None = None,
         on_waiting: OnWaiting | None = None,
+        wait_policy: WaitPolicy | None = None,
     ) -> LockContext:
         """Hold ``key`` for a ``with`` block, renewing in the background; yields a :class:`LockGuard`.
 
@@ -344,6 +345,8 @@ class VolcanoLocks(_Base):
             on_loss: Called once, from the keeper thread, with the ``OwnershipLost``.
             on_waiting: With ``on_contention="wait"``: called with the last holder seen and the seconds
                 waited when the wait starts and about every minute after (e.g. to log it).
+            wait_policy: With ``on_contention="wait"``: the backoff of the looks (e.g. slower where
+                releases are announced some other way).
 
         On exit the keeper is stopped and the latest lease released. The block's exception wins; else
         a renewal failure is raised after cleanup; else a release failure. A fresh lease with no safe
@@ -361,6 +364,7 @@ class VolcanoLocks(_Base):
             interrupt=interrupt,
             on_loss=on_loss,
             on_waiting=on_waiting,
+            wait_policy=wait_policy,
         )
 
 
@@ -504,6 +508,7 @@ class AsyncVolcanoLocks(_Base):
         interrupt: bool = False,
         on_loss: Callable[[OwnershipLost], object] | None = None,
         on_waiting: OnWaiting | None = None,
+        wait_policy: WaitPolicy | None = None,
     ) -> AsyncLockContext:
         """Hold ``key`` for an ``async with`` block; yields an :class:`AsyncLockGuard`.
 
@@ -523,4 +528,5 @@ class AsyncVolcanoLocks(_Base):
             interrupt=interrupt,
             on_loss=on_loss,
             on_waiting=on_waiting,
+            wait_policy=wait_policy,
         )

@@ -40,7 +40,7 @@ from volcano_locks.renewal import (
     renewal_timeout,
     safe_window_end,
 )
-from volcano_locks.waiting import OnWaiting, async_wait_acquire, wait_acquire
+from volcano_locks.waiting import OnWaiting, WaitPolicy, async_wait_acquire, wait_acquire
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -130,6 +130,7 @@ class _Options:
     on_contention: OnContention
     wait_timeout: float | None
     on_waiting: OnWaiting | None
+    wait_policy: WaitPolicy | None = None
 
 
 @dataclass(frozen=True)
@@ -314,10 +315,13 @@ class _ContextBase(Generic[_ClientT]):
         interrupt: bool,
         on_loss: Callable[[OwnershipLost], object] | None,
         on_waiting: OnWaiting | None = None,
+        wait_policy: WaitPolicy | None = None,
     ) -> None:
         _check_options(key, ttl, token, request_id, on_contention, wait_timeout, on_loss)
         self._client = client
-        self._opts = _Options(key, ttl, token, request_id, on_contention, wait_timeout, on_waiting)
+        self._opts = _Options(
+            key, ttl, token, request_id, on_contention, wait_timeout, on_waiting, wait_policy
+        )
         self._interrupt = bool(interrupt)
         self._on_loss = on_loss
         self._entered = False
@@ -338,6 +342,7 @@ class _ContextBase(Generic[_ClientT]):
                     token=o.token,
                     request_id=o.request_id,
                     on_waiting=o.on_waiting,
+                    policy=o.wait_policy,
                 )
             return client.acquire(o.key, o.ttl, token=o.token, request_id=o.request_id)
         if isinstance(step, _RenewWithin):
