@@ -286,7 +286,7 @@ def _rss_mb() -> float:
 
 
 async def _wait_phase(server, key: str, n: int, seconds: float, poll: float, holder) -> dict[str, float]:  # type: ignore[no-untyped-def]
-    from airflow_provider_volcano._tokens import TaskIdentity
+    from airflow_provider_volcano._tokens import TaskIdentity, new_nonce
     from airflow_provider_volcano.triggers.lock import VolcanoLockTrigger
 
     async def first_event(trigger: VolcanoLockTrigger) -> dict[str, object]:
@@ -301,7 +301,7 @@ async def _wait_phase(server, key: str, n: int, seconds: float, poll: float, hol
             volcano_conn_id="volcano_default",
             lock_key=key,
             ttl=30,
-            identity=TaskIdentity("bench", f"task{i}", "run", -1, 1).as_dict(),
+            identity=TaskIdentity("bench", f"task{i}", "run", -1, 1, new_nonce()).as_dict(),
             poll=poll,
         )
         for i in range(n)

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import hashlib
 import logging
 import time
+import weakref
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -14,7 +19,7 @@ from airflow_provider_volcano._tokens import TaskIdentity, derive_token
 
 if TYPE_CHECKING:
     from airflow_provider_volcano.hooks.volcano import VolcanoHook
-    from volcano_locks import LockLease, LockState
+    from volcano_locks import AsyncVolcanoLocks, LockLease, LockState
 
 __all__ = ["VolcanoLockTrigger"]
 
@@ -43,6 +48,42 @@ class WaitOutcome:
     lease: LockLease | None = None
     holder: LockState | None = None
     message: str = ""
+
+
+@dataclass(eq=False)
+class _SharedClient:
+    client: AsyncVolcanoLocks
+    users: int = 0
+
+
+# One client (one connection pool) per event loop and connection settings, shared by the triggers
+# waiting in that loop: a triggerer with 500 deferred tasks holds one pool, not 500. The key part of
+# the identity is a fingerprint, never the key itself.
+_CLIENTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[object, ...], _SharedClient]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+@asynccontextmanager
+async def _shared_client(hook: VolcanoHook) -> AsyncIterator[AsyncVolcanoLocks]:
+    """This event loop's client for the hook's connection (built by the hook on first use)."""
+    config = hook.config  # already parsed by aget_config
+    ident = (
+        *dataclasses.astuple(dataclasses.replace(config, service_key="", anon_key=None)),
+        hashlib.sha256(f"{config.service_key}\x00{config.anon_key}".encode()).hexdigest(),
+    )
+    clients = _CLIENTS.setdefault(asyncio.get_running_loop(), {})
+    shared = clients.get(ident)
+    if shared is None:
+        shared = clients[ident] = _SharedClient(hook.get_async_client())
+    shared.users += 1
+    try:
+        yield shared.client
+    finally:
+        shared.users -= 1
+        if shared.users == 0 and clients.get(ident) is shared:
+            del clients[ident]
+            await shared.client.aclose()
 
 
 async def wait_for_lock(
@@ -77,7 +118,7 @@ async def wait_for_lock(
         log.info("Still waiting for lock %r after %.0f s; it is %s", key, waited, _holder_facts(holder))
 
     timeout = None if deadline is None else max(0.0, deadline - time.time())
-    async with hook.get_async_client() as client:
+    async with _shared_client(hook) as client:
         try:
             lease = await client.wait_acquire(
                 key,
