@@ -10,7 +10,7 @@ PREFECT_ENV := .venv-prefect
 PYTEST_ARGS ?=
 DIST_DIR ?= dist
 
-.PHONY: help envs test test-core test-prefect test-airflow demo bench chaos lint dist clean
+.PHONY: help envs test test-prefect test-airflow demo bench chaos lint dist clean
 
 help:
 	@echo "make demo   - start the local Volcano-compatible server and run the example DAGs and flows against it"
@@ -37,10 +37,17 @@ $(PREFECT_ENV)/.synced: pyproject.toml uv.lock | $(UV)
 
 envs: $(AIRFLOW_ENV)/.synced $(PREFECT_ENV)/.synced
 
-# Static checks first, then core, server, CLI, chaos, e2e and Prefect tests in the Prefect environment, and
-# the Airflow tests in the Airflow one.
+# Static checks first, then two suites side by side (each prints when it ends): core, server, CLI, chaos, e2e
+# and Prefect tests in the Prefect environment, and the Airflow tests in the Airflow one. Most of their time
+# is spent waiting for real (leases, fleets, full stacks), so on two cores together they take about as long
+# as the longer of the two.
 test: envs lint
+	$(MAKE) --no-print-directory -j2 --output-sync=target test-prefect test-airflow
+
+test-prefect: envs
 	$(PREFECT_ENV)/bin/python -m pytest tests --ignore=tests/airflow -q -p no:cacheprovider $(PYTEST_ARGS)
+
+test-airflow: envs
 	$(AIRFLOW_ENV)/bin/python -m pytest tests/airflow -q -p no:cacheprovider $(PYTEST_ARGS)
 
 # The main job in one command: a local locks server, the example DAGs and flows, two contenders each.
