@@ -127,3 +127,61 @@ def test_twenty_waiting_processes_on_one_key_cost_the_holder_nothing(
     # Each process's looks back off from 1 s to 20 s: about 9 requests in its first 65 s, then 3 a
     # minute; twenty of them stay near 170 a minute while they ramp, well inside the 600.
     assert len(while_held) / ((held_until - held_from) / 60) <= 200
+
+
+def test_holders_spending_half_the_quota_keep_their_locks_beside_six_waiting_processes(
+    quota_server: LocalServer, unique_key: str
+) -> None:
+    """Issue 17: twenty holders at ``ttl=12`` need ~300 a minute, half the quota, before anyone waits.
+
+    One process waits on fifty held keys at the default waiting budget (120 a minute) and five more wait
+    on one key; none of them can see the holders' need except through the 429s the project answers.
+    """
+    env = {**os.environ, **quota_server.env(), "PYTHONPATH": str(REPO)}
+    many = [f"{unique_key}-m{i}" for i in range(50)]
+    one = f"{unique_key}-one"
+    other, held = hold_elsewhere(quota_server, [*many, one])
+    waiters: list[subprocess.Popen[str]] = []
+    try:
+        with holders(quota_server, unique_key, count=20, ttl=12) as holders_lost:
+            started = time.time()
+            waiters.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        str(WAITER),
+                        "--timeout",
+                        "160",
+                        *(a for k in many for a in ("--key", k)),
+                    ],
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    text=True,
+                )
+            )
+            waiters += [
+                subprocess.Popen(
+                    [sys.executable, str(WAITER), "--key", one, "--timeout", "300", "--hold", "1"],
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    text=True,
+                )
+                for _ in range(5)
+            ]
+            time.sleep(90)
+            release_elsewhere(quota_server, other, held, [one, *many[:5]])
+            released = time.time()
+            time.sleep(max(0.0, started + 180 - time.time()))  # three minutes in all
+        outs = [w.communicate(timeout=300)[0] for w in waiters]
+    finally:
+        for w in waiters:
+            if w.poll() is None:
+                w.kill()
+    assert holders_lost == []
+    assert refused_keeping(quota_server) == []
+    reports = [json.loads(line) for out in outs for line in out.splitlines() if line.startswith("{")]
+    got = {r["key"]: r for r in reports if r.get("acquired") is not None}
+    assert {k for k in got if k != one} == set(many[:5])  # the released ones, and no other
+    assert all(got[k]["acquired"] - released <= 60 for k in many[:5]), got
+    line = sorted((r for r in reports if r["key"] == one), key=lambda r: r["acquired"])
+    assert len(line) == 5 and all(r["acquired"] is not None for r in line)
