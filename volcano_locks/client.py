@@ -1,24 +1,30 @@
 """The two clients, :class:`VolcanoLocks` and :class:`AsyncVolcanoLocks`: thin I/O shells over ``protocol``.
 
-Both hold one httpx connection pool (closed by ``close``/``aclose`` or the context manager), send the
-calls that the sans-I/O flows in :mod:`volcano_locks.protocol` yield, count every attempt in
-``requests_sent`` and in the process's :class:`~volcano_locks.governor.Governor` for the credential, so
-callers can see what the project's 600-a-minute budget paid for.
+Both send the calls that the sans-I/O flows in :mod:`volcano_locks.protocol` yield, count every attempt
+in ``requests_sent`` and in the process's :class:`~volcano_locks.governor.Governor` for the credential,
+so callers can see what the project's 600-a-minute budget paid for.
+
+Each client holds two connection pools, its lanes (:mod:`volcano_locks.transport`): renewals and
+releases travel on their own, so no connection or pool slot of theirs is ever taken by a waiter's
+read. Both are closed by ``close``/``aclose`` or the context manager.
 
 Every request has a *total* deadline (its timeout covers connecting, sending and the whole response,
 not each read: a server dripping bytes cannot hold a call past it) and a response body cap
 (:data:`MAX_RESPONSE_BYTES`). The async shell bounds the request with ``asyncio.timeout``; the sync
-shell runs it on a small worker pool and stops waiting at the deadline (the worker's connection is
-abandoned, not reused).
+shell sends it in the caller's own thread with every network wait cut at the deadline. Either way a
+request that times out or is cancelled is abandoned with its connection closed: nothing of it runs on
+after its caller. An acquisition that ends uncertain or cancelled is released behind its caller
+(:mod:`volcano_locks.orphans`) when the client made its token.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 import threading
+import time
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import TypeVar, cast
@@ -38,7 +44,9 @@ from volcano_locks.errors import (
 from volcano_locks.governor import Governor
 from volcano_locks.guard import AsyncLockContext, LockContext, OnContention
 from volcano_locks.models import LockLease, LockState
+from volcano_locks.orphans import AsyncReaper, Attempt, Orphan, SyncReaper, stand_in
 from volcano_locks.protocol import Call, Flow, Reply
+from volcano_locks.transport import DeadlineTransport, deadline, env_proxy, lane_for
 from volcano_locks.waiting import OnWaiting, WaitPolicy, async_wait_acquire, wait_acquire, wake
 
 __all__ = ["MAX_RESPONSE_BYTES", "AsyncVolcanoLocks", "VolcanoLocks"]
@@ -49,7 +57,6 @@ T = TypeVar("T")
 _USER_AGENT = "volcano-locks/0.1"
 MAX_RESPONSE_BYTES = 64 * 1024
 """The largest response body a client reads; the contract's bodies are a few dozen bytes."""
-_SYNC_WORKERS = 8  # concurrent requests of one sync client (keeper, body, release) before they queue
 
 
 def _take(body: bytearray, chunk: bytes, call: Call, status: int) -> None:
@@ -81,6 +88,7 @@ class _Base:
         self._governor = Governor.for_credential(
             self._config.api_url, self._config.credential_id, wait_budget
         )
+        self._closed = False
 
     @property
     def api_url(self) -> str:
@@ -135,6 +143,9 @@ class _Base:
         # The lock is free now: this process's waiters on it need not wait for their next look.
         wake(key, api_url=self._config.api_url, credential_id=self._config.credential_id)
 
+    def _closed_error(self, call: Call) -> TransportError:
+        return TransportError(f"{call.op}: the client is closed", request_id=call.request_id)
+
     def _timed_out(self, call: Call) -> TransportError:
         return TransportError(
             f"{call.op} got no complete response within {self._deadline(call):g} s",
@@ -153,7 +164,10 @@ class VolcanoLocks(_Base):
         anon_key: The project's anon key; defaults to ``VOLCANO_ANON_KEY`` (not used by lock calls).
         service_key: A service-role key with ``locks.manage``; defaults to ``VOLCANO_SERVICE_KEY``.
         timeout: Total time a request may take, in seconds (connect, send and the whole response).
-        transport: An httpx transport to send through (tests, proxies).
+        transport: An httpx transport to send through (tests, proxies); both lanes share it. The
+            total deadline is then checked between response chunks and each network wait is bounded
+            by the request's timeout, but a server that drips a response head is cut only as far as
+            that transport cuts it; lane separation of connections is as good as its pooling.
         wait_budget: Requests a minute this process may spend waiting for locks with this credential
             (default ``VOLCANO_WAIT_BUDGET`` or 120; see :mod:`volcano_locks.governor`).
 
@@ -177,19 +191,18 @@ class VolcanoLocks(_Base):
         wait_budget: int | None = None,
     ) -> None:
         super().__init__(api_url, anon_key, service_key, timeout, wait_budget)
-        self._transport = transport
-        self._http = self._new_pool()
-        self._pool_lock = threading.Lock()
-        self._workers = concurrent.futures.ThreadPoolExecutor(
-            max_workers=_SYNC_WORKERS, thread_name_prefix="volcano-locks-http"
-        )
+        self._keeping = self._lane(transport)
+        self._other = self._lane(transport)
+        self._reaper = SyncReaper(self._release_orphan, self._config.timeout)
 
-    def _new_pool(self) -> httpx.Client:
+    def _lane(self, transport: httpx.BaseTransport | None) -> httpx.Client:
+        if transport is None:
+            transport = DeadlineTransport(env_proxy(self._config.api_url))
         return httpx.Client(
             base_url=self._config.api_url,
             headers=self._headers(),
             timeout=self._config.timeout,
-            transport=self._transport,
+            transport=transport,
         )
 
     def __enter__(self) -> VolcanoLocks:
@@ -201,45 +214,49 @@ class VolcanoLocks(_Base):
         self.close()
 
     def close(self) -> None:
-        """Close the connection pool."""
-        self._workers.shutdown(wait=False, cancel_futures=True)
-        self._http.close()
+        """Release abandoned acquisitions once more (bounded), then close both connection pools."""
+        self._reaper.close()
+        self._closed = True
+        self._keeping.close()
+        self._other.close()
 
-    def _exchange(self, http: httpx.Client, call: Call) -> tuple[int, httpx.Headers, bytes]:
+    def _exchange(self, call: Call) -> tuple[int, httpx.Headers, bytes]:
+        http = self._keeping if lane_for(call.op) == "keeping" else self._other
         timeout = self._deadline(call)
+        ends = time.monotonic() + timeout
         body = bytearray()
-        with (
-            translate_transport_errors(call.op, call.request_id),
-            http.stream(
-                call.method, call.path, headers=call.headers, content=call.body, timeout=timeout
-            ) as r,
-        ):
-            for chunk in r.iter_bytes():
-                _take(body, chunk, call, r.status_code)
-            return r.status_code, r.headers, bytes(body)
+        with translate_transport_errors(call.op, call.request_id):
+            try:
+                with (
+                    deadline(ends),
+                    http.stream(
+                        call.method, call.path, headers=call.headers, content=call.body, timeout=timeout
+                    ) as r,
+                ):
+                    for chunk in r.iter_bytes():
+                        _take(body, chunk, call, r.status_code)
+                        if time.monotonic() > ends:  # what a caller's own transport is held to
+                            raise self._timed_out(call)
+                    return r.status_code, r.headers, bytes(body)
+            except httpx.TimeoutException:
+                # Every wait of the request was cut at its deadline; httpcore closed the connection.
+                raise self._timed_out(call) from None
 
     def _send(self, call: Call) -> Reply:
+        if self._closed:
+            raise self._closed_error(call)
         sent = self._count(call)
-        http = self._http
-        try:
-            future = self._workers.submit(self._exchange, http, call)
-        except RuntimeError as exc:  # closed
-            raise TransportError(f"{call.op}: the client is closed", request_id=call.request_id) from exc
-        try:
-            status, headers, body = future.result(timeout=self._deadline(call))
-        except concurrent.futures.TimeoutError:
-            # The worker may stay stuck on a server that drips bytes: abandon its pool so that no
-            # later request queues behind that connection, and let the caller fail closed now.
-            with self._pool_lock:
-                if self._http is http:
-                    self._http = self._new_pool()
-            raise self._timed_out(call) from None
+        status, headers, body = self._exchange(call)
         return self._reply(call, status, headers, body, sent)
 
-    def _drive(self, flow: Flow[T]) -> T:
+    def _drive(self, flow: Flow[T], attempt: Attempt | None = None, timeout: float | None = None) -> T:
         try:
             call = next(flow)
             while True:
+                if timeout is not None:
+                    call = replace(call, timeout=timeout)
+                if attempt is not None:
+                    attempt.sent = True
                 try:
                     reply = self._send(call)
                 except TransportError as exc:
@@ -249,17 +266,37 @@ class VolcanoLocks(_Base):
         except StopIteration as stop:
             return cast(T, stop.value)
 
+    def _release_orphan(self, orphan: Orphan, timeout: float | None) -> None:
+        flow = protocol.release_flow(orphan.key, stand_in(orphan), request_id=None, secrets=self._secrets)
+        self._drive(flow, timeout=timeout)
+
     def acquire(
         self, key: str, ttl: int, *, token: str | None = None, request_id: str | None = None
     ) -> LockLease:
         """Acquire ``key`` for ``ttl`` seconds; retried once (same token, request id) on no reply or 503.
 
+        When the client made the token (``token=None``) and the call ends without a definite answer
+        (no response, a timeout, a 503 after the retry, another 5xx, a garbled reply) or is interrupted,
+        the lease the server may still grant is released behind the caller, with that token, on the
+        keeping lane (:mod:`volcano_locks.orphans`). A caller that supplies ``token`` owns recovery, as
+        the contract says: retry with the same token and request id to learn the outcome; the client
+        releases nothing for it.
+
         Raises:
             LockContention: Another live lease holds the key (``OwnershipLost`` if it was this token's).
         """
-        return self._drive(
-            protocol.acquire_flow(key, ttl, token=token, request_id=request_id, secrets=self._secrets)
-        )
+        attempt = Attempt.start(token, request_id)
+        try:
+            return self._drive(
+                protocol.acquire_flow(
+                    key, ttl, token=attempt.token, request_id=attempt.request_id, secrets=self._secrets
+                ),
+                attempt,
+            )
+        except BaseException as exc:
+            if attempt.abandoned(exc):
+                self._reaper.add(key, attempt.token, attempt.request_id)
+            raise
 
     def renew(
         self, key: str, lease: LockLease, ttl: int | None = None, *, request_id: str | None = None
@@ -388,7 +425,12 @@ class AsyncVolcanoLocks(_Base):
         wait_budget: int | None = None,
     ) -> None:
         super().__init__(api_url, anon_key, service_key, timeout, wait_budget)
-        self._http = httpx.AsyncClient(
+        self._keeping = self._lane(transport)
+        self._other = self._lane(transport)
+        self._reaper = AsyncReaper(self._release_orphan, self._config.timeout)
+
+    def _lane(self, transport: httpx.AsyncBaseTransport | None) -> httpx.AsyncClient:
+        return httpx.AsyncClient(
             base_url=self._config.api_url,
             headers=self._headers(),
             timeout=self._config.timeout,
@@ -404,14 +446,18 @@ class AsyncVolcanoLocks(_Base):
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Close the connection pool."""
-        await self._http.aclose()
+        """Release abandoned acquisitions once more (bounded), then close both connection pools."""
+        await self._reaper.aclose()
+        self._closed = True
+        await self._keeping.aclose()
+        await self._other.aclose()
 
     async def _exchange(self, call: Call) -> tuple[int, httpx.Headers, bytes]:
+        http = self._keeping if lane_for(call.op) == "keeping" else self._other
         timeout = self._deadline(call)
         body = bytearray()
         with translate_transport_errors(call.op, call.request_id):
-            async with self._http.stream(
+            async with http.stream(
                 call.method, call.path, headers=call.headers, content=call.body, timeout=timeout
             ) as r:
                 async for chunk in r.aiter_bytes():
@@ -419,18 +465,25 @@ class AsyncVolcanoLocks(_Base):
                 return r.status_code, r.headers, bytes(body)
 
     async def _send(self, call: Call) -> Reply:
+        if self._closed:
+            raise self._closed_error(call)
         sent = self._count(call)
         try:
+            # On the deadline (or any cancellation) httpcore closes the request's connection.
             async with asyncio.timeout(self._deadline(call)):
                 status, headers, body = await self._exchange(call)
         except TimeoutError:
             raise self._timed_out(call) from None
         return self._reply(call, status, headers, body, sent)
 
-    async def _drive(self, flow: Flow[T]) -> T:
+    async def _drive(self, flow: Flow[T], attempt: Attempt | None = None, timeout: float | None = None) -> T:
         try:
             call = next(flow)
             while True:
+                if timeout is not None:
+                    call = replace(call, timeout=timeout)
+                if attempt is not None:
+                    attempt.sent = True
                 try:
                     reply = await self._send(call)
                 except TransportError as exc:
@@ -440,13 +493,30 @@ class AsyncVolcanoLocks(_Base):
         except StopIteration as stop:
             return cast(T, stop.value)
 
+    async def _release_orphan(self, orphan: Orphan, timeout: float | None) -> None:
+        flow = protocol.release_flow(orphan.key, stand_in(orphan), request_id=None, secrets=self._secrets)
+        await self._drive(flow, timeout=timeout)
+
     async def acquire(
         self, key: str, ttl: int, *, token: str | None = None, request_id: str | None = None
     ) -> LockLease:
-        """Acquire ``key`` for ``ttl`` seconds; retried once (same token, request id) on no reply or 503."""
-        return await self._drive(
-            protocol.acquire_flow(key, ttl, token=token, request_id=request_id, secrets=self._secrets)
-        )
+        """Acquire ``key`` for ``ttl`` seconds; retried once (same token, request id) on no reply or 503.
+
+        An uncertain or cancelled acquisition is released behind the caller as in
+        :meth:`VolcanoLocks.acquire` (only when the client made the token).
+        """
+        attempt = Attempt.start(token, request_id)
+        try:
+            return await self._drive(
+                protocol.acquire_flow(
+                    key, ttl, token=attempt.token, request_id=attempt.request_id, secrets=self._secrets
+                ),
+                attempt,
+            )
+        except BaseException as exc:
+            if attempt.abandoned(exc):
+                self._reaper.add(key, attempt.token, attempt.request_id)
+            raise
 
     async def renew(
         self, key: str, lease: LockLease, ttl: int | None = None, *, request_id: str | None = None

@@ -156,7 +156,11 @@ def test_no_retry_on_other_statuses(
         admin_server.set_faults(f"status={status}:count=1:op=acquire")
         with pytest.raises(error):
             client.acquire(unique_key, 30, request_id=request_id)
-        assert client.requests_sent == 1 and len(requests_for(admin_server, request_id)) == 1
+        # One acquire only. A 500 leaves the outcome uncertain, so the client may already be
+        # releasing behind the caller (fresh request ids, see test_abandoned.py): not a retry.
+        acquires = [r for r in admin_server.requests() if r["op"] == "acquire" and unique_key in r["path"]]
+        assert len(acquires) == 1 and len(requests_for(admin_server, request_id)) == 1
+        assert client.requests_sent == 1 or status == 500
     finally:
         close()
 

@@ -4,7 +4,10 @@ the server's earlier expiry, renewals at least once a minute, and the suspend-aw
 from __future__ import annotations
 
 import json
+import os
+import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -15,7 +18,7 @@ from volcano_locks.protocol import MAX_RETRY_AFTER
 from volcano_locks.renewal import KeeperTiming, RenewalSchedule, Wait, renewal_interval
 from volcano_locks.server.harness import LocalServer
 
-from .helpers import lease
+from .helpers import lease, make_client
 from .misbehaving import answer, drip, huge_body, misbehaving
 
 KEY = "hardening"
@@ -63,6 +66,62 @@ def test_with_lock_exit_is_bounded_when_the_release_drips(
         assert time.monotonic() - started < HANG_BOUND
     with VolcanoLocks(volcano_server.url, service_key=volcano_server.service_key) as real:
         real.release(unique_key, held)
+
+
+# ------------------------------------------------------------- nothing outlives a timed-out call
+
+
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _sockets_to(port: int) -> int:
+    """TCP sockets this process holds open (an fd) whose peer is ``port`` on loopback (/proc/net/tcp)."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[len("socket:[") : -1])
+    with open("/proc/net/tcp") as table:
+        rows = [line.split() for line in table.read().splitlines()[1:]]
+    return sum(1 for row in rows if int(row[2].split(":")[1], 16) == port and row[9] in inodes)
+
+
+def _settles(check: Callable[[], bool], bound: float = HANG_BOUND) -> bool:
+    ends = time.monotonic() + bound
+    while not check():
+        if time.monotonic() > ends:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_timed_out_calls_leave_no_thread_socket_or_connection_behind(kind: str) -> None:
+    threads, fds = threading.active_count(), _fds()
+    with misbehaving(drip()) as url:
+        port = int(url.rsplit(":", 1)[1])
+        client, close = make_client(kind, url, SERVICE_KEY, timeout=1.0)
+        try:
+            for call in (lambda: client.get(KEY), lambda: client.release(KEY, lease(key=KEY))):
+                with pytest.raises(TransportError, match="no complete response within 1 s"):
+                    call()
+                assert _sockets_to(port) == 0  # the timed-out request's connection is closed now
+            with pytest.raises(TransportError):
+                client.acquire(KEY, 30)  # uncertain: its clean-up releases go out behind it
+        finally:
+            started = time.monotonic()
+            close()
+            assert time.monotonic() - started < HANG_BOUND  # one last clean-up round, bounded
+        assert _sockets_to(port) == 0
+        assert not [t.name for t in threading.enumerate() if t.name.startswith("volcano-locks")]
+    # The dripping server's own threads end once their peers are gone; then we are back where we were.
+    assert _settles(lambda: threading.active_count() <= threads and _fds() <= fds), (
+        f"threads {threads} -> {threading.active_count()}, fds {fds} -> {_fds()}"
+    )
 
 
 # ------------------------------------------------------------------------------------ body cap
