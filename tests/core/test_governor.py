@@ -83,9 +83,9 @@ def test_a_429_holds_waiting_requests_until_retry_after_plus_a_spread() -> None:
     gov = governor(600, clock, draw=0.5)
     gov.note_rate_limited("renew", 12.0)
     assert gov.blocked_until == pytest.approx(1000.0 + 12.0 + BLACKOUT_SPREAD * 0.5)
-    assert gov.reserve() == pytest.approx(gov.blocked_until)
-    assert gov.reserve(priority=True) == pytest.approx(gov.blocked_until)
     assert gov.reserve(honour_blackout=False) == 1000.0  # a waiter's very first attempt
+    assert gov.reserve() >= gov.blocked_until
+    assert gov.reserve(priority=True) == pytest.approx(gov.blocked_until)
     stats = gov.stats()
     assert stats.rate_limited == {"renew": 1} and stats.wait_budget == 600
 
