@@ -27,14 +27,20 @@ On the first 429 of a window (only the first: one window, one cut) the waiting r
 
 that is, the process's whole rate (``used + keep``) is scaled by ``f`` and its holders, who cannot slow
 down, keep theirs: the waiting share pays for both. If every process does this, the project's next
-window totals about ``f * 600 / f = 600``; :data:`CUT_MARGIN` (0.9) puts it a tenth under the edge.
+window totals about ``f * 600 / f = 600``; :data:`CUT_MARGIN` (0.7) puts it under the edge by enough
+for a few quiet windows (a short blackout is seen only by the processes that send in it, so those
+that do cut for those that do not).
+
 After each *quiet* window (this process waited and saw no 429) the rate climbs back by
-:data:`RECOVERY_SHARE` of its ceiling, so N waiting processes climb ``N * step`` a window together and
-cross the edge by at most that much: the window that finds the edge runs out ``60 * N * step /
-(600 + N * step)`` seconds early (1.8 s for six processes at the default budget of 120, whose step is
-3). A holder renewing at a third of its TTL ``t`` whose renewal is refused retries at ``Retry-After``
-(:mod:`volcano_locks.renewal`), so it rides out a blackout of ``R`` seconds while ``R < 2 t / 3 - 1``
-(less one request's time): 2.3 s at ``ttl=5``, 9 s at ``ttl=15``, 19 s at ``ttl=30``.
+``min(ceiling / 40, max(0.5, w / 20))`` (:data:`RECOVERY_SHARE`, :data:`MIN_RECOVERY`): a twentieth
+of itself, so N waiting processes sharing ``W`` a minute climb about ``W / 20`` a window together
+whatever N is (at most 3 a minute each at the default budget of 120, at least half a request each).
+The window that finds the edge overshoots by about that climb and runs out ``60 * climb / (600 +
+climb)`` seconds early: 1 to 2 s when holders leave 300 a minute to 3-12 waiting processes, about 3 s
+for 24 (the simulated fleets in ``tests/core/test_governor.py``). A holder renewing at a third of
+its TTL ``t`` whose renewal is refused retries at ``Retry-After`` (:mod:`volcano_locks.renewal`), so
+it rides out a blackout of ``R`` seconds while ``R < 2 t / 3 - 1`` (less one request's time):
+2.3 s at ``ttl=5``, 9 s at ``ttl=15``, 19 s at ``ttl=30``.
 
 The rate starts at, and never exceeds, the ceiling: ``min(wait_budget, 600 - keep)``, where ``keep``
 is what this process's own keeping requests (renewals, releases, direct calls) cost in the last whole
@@ -79,6 +85,7 @@ __all__ = [
     "CUT_MARGIN",
     "DEFAULT_WAIT_BUDGET",
     "ENV_WAIT_BUDGET",
+    "MIN_RECOVERY",
     "MIN_WAIT_RATE",
     "QUOTA",
     "RECOVERY_SHARE",
@@ -99,10 +106,12 @@ WINDOW = 60.0
 MAX_WAIT_BUDGET = QUOTA
 BLACKOUT_SPREAD = 0.5
 """Up to this many seconds of random spread after a ``Retry-After`` (which already ends the window)."""
-CUT_MARGIN = 0.9
+CUT_MARGIN = 0.7
 """After a 429 the waiting rate lands this far under the edge the window showed."""
 RECOVERY_SHARE = 1 / 40
-"""Each quiet window the waiting rate climbs back by this share of its ceiling (at least one a minute)."""
+"""A quiet window raises the waiting rate by twice this share of itself, at most this share of its ceiling."""
+MIN_RECOVERY = 0.5
+"""... and by at least this many requests a minute."""
 MIN_WAIT_RATE = 2.0
 """The waiting rate never falls below this many requests a minute (one look every 30 s)."""
 _BURST_SECONDS = 5.0  # the bucket holds five seconds' worth of the rate (at least one request)
@@ -290,7 +299,7 @@ class Governor:
         self._keeping = self._window_sent - self._window_waiting if window == self._window + 1 else 0
         ceiling = self._ceiling()
         if quiet:
-            self._rate += max(1.0, ceiling * RECOVERY_SHARE)
+            self._rate += min(ceiling * RECOVERY_SHARE, max(MIN_RECOVERY, self._rate * RECOVERY_SHARE * 2))
         self._rate = min(self._rate, ceiling)
         self._tokens = min(self._tokens, self._capacity())
         self._window = window
