@@ -8,17 +8,28 @@ engine spends deliberately:
   it is free only the head acquires, with its own ownership token and TTL: one release wakes one
   waiter, not the herd. When the head leaves (acquired, timed out, cancelled), the next one takes over
   the key's knowledge (holder, backoff) and carries on.
-* **Backoff, informed by the server.** The first attempt goes straight to ``acquire`` (an uncontended
-  lock costs one request). While the lock stays held, the head looks (``get``) after ``poll`` seconds,
-  then ``factor`` times longer each time up to ``cap`` (jittered ±20 %). When the holder's ``expires_at``
-  comes sooner and the holder is *not* seen renewing (its expiry did not move since the last look), the
-  look is moved to ``expires_at`` plus the server's one-second takeover grace: a crashed holder is taken
-  over on time, a renewing one is not polled at its (ever-moving) expiry. See :func:`poll_delay`.
+* **Backoff that learns from what it sees.** The first attempt goes straight to ``acquire`` (an
+  uncontended lock costs one request). While the lock stays held, the head looks (``get``) after
+  ``poll`` seconds, then ``factor`` times longer each time up to ``cap`` (jittered ±20 %). Each look
+  tells it something: the **fencing token moved** since the last look (or the lock was seen free and
+  then taken by someone else) means the lock is changing hands, a line of short jobs is passing, so the
+  backoff resets to ``poll`` and the next handoff is seen within about ``poll`` seconds; the **same
+  holder seen renewing** (same token, later expiry) means a long holder, so the backoff grows twice as
+  fast (``factor`` squared) to cost little. When the holder's ``expires_at`` comes sooner and it is
+  *not* seen renewing, the look is moved to ``expires_at`` plus the server's one-second takeover
+  grace: a crashed holder is taken over on time, a renewing one is not polled at its (ever-moving)
+  expiry. See :func:`poll_delay`. Arithmetic of a line: ``n`` waiting processes, each holding for ``h``
+  seconds in turn, pass in about ``n * (h + poll / 2)`` seconds once they have seen the token move
+  (each backing off towards ``cap`` on its own would leave gaps that grow towards ``cap`` as the line
+  thins), and while the line passes each waiter costs about ``60 / poll`` looks a minute.
 * **Governed.** Every look and attempt draws from the process's waiting budget in
   :class:`volcano_locks.governor.Governor`, shared by every key and waiter of the credential and
   handed out in order, so a process waiting on 1,000 keys costs what one waiting on 10 does (its keys
-  are simply looked at less often). After a 429 anywhere in the process, looks stop until
-  ``Retry-After`` has passed.
+  are simply looked at less often); the budget's rate adapts to the whole project's 429s (see the
+  governor's docstring). After a 429 anywhere in the process, looks stop until ``Retry-After`` has
+  passed: the flow checks the blackout again at send time, so a look booked before the 429 is not
+  sent inside it. Only a waiter's very first attempt ignores a blackout: it is an acquisition like
+  any direct call (an uncontended lock costs one request), not yet a waiting request.
 * **Woken, not only polling.** :func:`wake` makes the heads waiting on a key try to acquire at once.
   The clients call it when they release a lock in this process; integrations call it when they are
   told of a release elsewhere (Prefect events). Polling stays as the safety net.
@@ -97,9 +108,12 @@ OnWaiting = Callable[[LockState | None, float], object]
 class WaitPolicy:
     """How often a waiting key is looked at (see the module docstring for the arithmetic).
 
+    The engine learns within these bounds: a fencing token that moved between looks resets the
+    interval to ``poll``; the same holder seen renewing grows it by ``factor`` squared.
+
     Attributes:
-        poll: Seconds before the first look after a refused attempt.
-        factor: Each look that finds the lock still held waits this many times longer, ...
+        poll: Seconds before the first look after a refused attempt, and after the lock changed hands.
+        factor: Each look that finds the same holder waits this many times longer, ...
         cap: ... up to this many seconds (never below ``poll``).
         report_every: Seconds between ``on_waiting`` reports.
     """
@@ -109,9 +123,9 @@ class WaitPolicy:
     cap: float = 20.0
     report_every: float = 60.0
 
-    def grown(self, delay: float) -> float:
-        """The delay after ``delay``: multiplied by ``factor``, capped."""
-        return min(max(self.cap, self.poll), delay * self.factor)
+    def grown(self, delay: float, *, renewing: bool = False) -> float:
+        """The delay after ``delay``: multiplied by ``factor`` (squared for a renewing holder), capped."""
+        return min(max(self.cap, self.poll), delay * self.factor ** (2 if renewing else 1))
 
 
 def poll_delay(
@@ -245,7 +259,17 @@ class _KeyWait:
             head.signal.set()
 
     def seen_held(self, state: LockState) -> None:
+        """Fold in a look (or a refusal) that found the lock held: renewing? changed hands?"""
         old = self.holder
+        if old is not None and (
+            not old.held
+            or (
+                old.fencing_token is not None
+                and state.fencing_token is not None
+                and state.fencing_token != old.fencing_token
+            )
+        ):
+            self.delay = None  # the lock changed hands since the last look: a line is passing
         self.renewing = (
             old is not None
             and old.fencing_token is not None
@@ -350,6 +374,10 @@ class _Send:
 _Step = _Block | _Send
 
 
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
 def _check(key: str, ttl: int, timeout: float | None, token: str | None, poll: float) -> str:
     validate_key(key)
     validate_ttl(ttl)
@@ -367,8 +395,13 @@ def _wait_flow(
     on_waiting: OnWaiting | None,
     clock: Callable[[], float],
     rng: Callable[[], float],
+    wall: Callable[[], datetime] = _utcnow,
 ) -> Generator[_Step, object, LockLease]:
-    """The engine's decisions for one waiter: yields steps, receives outcomes, returns the lease."""
+    """The engine's decisions for one waiter: yields steps, receives outcomes, returns the lease.
+
+    ``clock`` is the lease clock (when to send), ``wall`` the aware UTC time that holders' expiries
+    are compared with; both are injectable so a fleet of waiters can be simulated.
+    """
     started = clock()
     deadline = None if timeout is None else started + timeout
     next_report: float | None = None  # set at the first refusal: that is when waiting starts
@@ -402,8 +435,10 @@ def _wait_flow(
                 waiter.op = "acquire" if waiter.direct or informed else "get"
                 waiter.priority = informed
                 waiter.slot = governor.reserve(priority=informed, honour_blackout=not waiter.first)
-            if now < waiter.slot:
-                yield _Block(min(waiter.slot, horizon))
+            # At send time, not only at booking: a 429 that arrived since holds this request too.
+            send_at = waiter.slot if waiter.first else max(waiter.slot, governor.blocked_until)
+            if now < send_at:
+                yield _Block(min(send_at, horizon))
                 continue
             op, waiter.slot = waiter.op, None
             if is_head:
@@ -413,7 +448,9 @@ def _wait_flow(
                 waiter.request_id = new_request_id()
             outcome = yield _Send(op or "get")
             first, waiter.first = waiter.first, False
-            lease = _settle(entry, waiter, op or "get", outcome, governor, policy, clock(), rng, is_head)
+            lease = _settle(
+                entry, waiter, op or "get", outcome, governor, policy, clock(), rng, is_head, wall()
+            )
             if lease is not None:
                 if not first:
                     logger.info(
@@ -448,22 +485,22 @@ def _settle(
     now: float,
     rng: Callable[[], float],
     is_head: bool,
+    wall: datetime,
 ) -> LockLease | None:
     """Fold one outcome into the key's knowledge; return the lease if the waiter got it.
 
     Only the head moves the key's schedule (its backoff and next look); a newcomer's first attempt
     adds what it learnt of the holder.
     """
-    wall = datetime.now(UTC)
-    delay = policy.poll if entry.delay is None else entry.delay
 
     def look_later(holder: LockState | None) -> None:
         if not is_head:
             return
+        delay = policy.poll if entry.delay is None else entry.delay
         entry.next_look_at = now + poll_delay(
             holder, poll=delay, now=wall, draw=rng(), renewing=entry.renewing
         )
-        entry.delay = policy.grown(delay)
+        entry.delay = policy.grown(delay, renewing=entry.renewing)
 
     if isinstance(outcome, LockLease):
         waiter.direct = False
@@ -492,7 +529,7 @@ def _settle(
     if isinstance(outcome, RateLimited):
         waiter.direct = False  # a definite answer: the next try looks first
         waiter.request_id = None
-        pause = outcome.retry_after if outcome.retry_after is not None else delay
+        pause = outcome.retry_after if outcome.retry_after is not None else policy.poll
         entry.next_look_at = max(entry.next_look_at, now + pause, governor.blocked_until)
         logger.info(
             "waiting for lock %r was rate limited; next look in %.1f s (request id %s)",

@@ -127,10 +127,10 @@ async def wait_for_lock(
                 token=token,
                 poll=poll,
                 on_waiting=still_waiting,
-                # One triggerer waits for many tasks: its looks at a key are shared by every trigger
-                # on it and its total is capped by its waiting budget, so it need not back off the
-                # way separate waiting processes must; a steady interval keeps handoffs quick.
-                policy=WaitPolicy(poll=poll, factor=1.0, cap=poll),
+                # The engine's learning backoff, poll_interval its floor: looks reset to it when the
+                # lock changes hands and back off while one holder keeps it (triggerers are many
+                # processes too, and the project's 600 a minute is shared by all of them).
+                policy=WaitPolicy(poll=poll),
             )
         except WaitTimeout as exc:
             return WaitOutcome(
