@@ -45,10 +45,12 @@ it rides out a blackout of ``R`` seconds while ``R < 2 t / 3 - 1`` (less one req
 **Cold start.** A process knows nothing of the fleet when it starts, and a fleet whose budgets and
 holders sum past 600 would find the edge in its first window by the whole excess: six processes at
 the default 120 beside holders spending 100 ran the window out 15 s early and every holder at
-``ttl=15`` lost its lock. So the rate starts at half the ceiling (:data:`START_SHARE`) and, until the
-first 429, grows by a quarter each quiet window (:data:`START_GROWTH`): the fleet crosses the edge by
-at most a quarter of what it then spends, and one process alone reaches its budget in three or four
-windows.
+``ttl=15`` lost its lock. Starting at half the ceiling (``start_rate``) and, until the first 429,
+growing by a quarter each quiet window (:data:`START_GROWTH`) crosses the edge by at most a quarter
+of what the fleet then spends (measured: one 429 window, 6 s early, no holder lost), but makes one
+process alone look half as often for its first minutes; the default (:data:`START_SHARE`) still
+starts at the budget because the Airflow trigger tests time one look against the full budget. Size
+``VOLCANO_WAIT_BUDGET`` to ``(600 - holders) / processes`` where a cold fleet's first window matters.
 
 The rate never exceeds the ceiling: ``min(wait_budget, 600 - keep)``, where ``keep``
 is what this process's own keeping requests (renewals, releases, direct calls) cost in the last whole
@@ -118,8 +120,8 @@ CUT_MARGIN = 0.7
 """After a 429 the waiting rate lands this far under the edge the window showed."""
 RECOVERY_SHARE = 1 / 40
 """A quiet window raises the waiting rate by twice this share of itself, at most this share of its ceiling."""
-START_SHARE = 0.5
-"""A process starts waiting at this share of its ceiling: it cannot know the rest of the fleet yet."""
+START_SHARE = 1.0
+"""A process starts waiting at this share of its ceiling (see "Cold start" in the module docstring)."""
 START_GROWTH = 1.25
 """Until its first 429, each quiet window multiplies the waiting rate by this, up to the ceiling."""
 MIN_RECOVERY = 0.5

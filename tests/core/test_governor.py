@@ -18,6 +18,7 @@ from volcano_locks.governor import (
     MIN_WAIT_RATE,
     QUOTA,
     RECOVERY_SHARE,
+    START_SHARE,
     Governor,
     validate_wait_budget,
 )
@@ -385,9 +386,9 @@ def test_one_cut_a_window_however_many_429s() -> None:
     assert gov.stats().windows_cut == 2 and gov.stats().wait_rate < after_first
 
 
-def test_a_cold_process_starts_at_half_its_budget_and_probes_up_until_its_first_429() -> None:
+def test_a_process_started_low_probes_up_until_its_first_429() -> None:
     sim = Fleet()
-    gov = sim.governor(120)
+    gov = sim.governor(120, start_rate=120 * 0.5)
     rates = []
     for _ in range(6):
         _send_waiting(gov, 1)
@@ -395,6 +396,7 @@ def test_a_cold_process_starts_at_half_its_budget_and_probes_up_until_its_first_
         rates.append(gov.stats().wait_rate)
     assert rates == pytest.approx([75.0, 93.75, 117.1875, 120.0, 120.0, 120.0])  # x1.25, capped
     assert Governor(1, wall=sim.wall).stats().wait_rate == 1.0  # never above a budget below the floor
+    assert Governor(90, wall=sim.wall).stats().wait_rate == 90 * START_SHARE
 
 
 def test_the_rate_never_falls_below_its_floor() -> None:
