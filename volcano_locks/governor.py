@@ -42,13 +42,21 @@ its TTL ``t`` whose renewal is refused retries at ``Retry-After`` (:mod:`volcano
 it rides out a blackout of ``R`` seconds while ``R < 2 t / 3 - 1`` (less one request's time):
 2.3 s at ``ttl=5``, 9 s at ``ttl=15``, 19 s at ``ttl=30``.
 
-The rate starts at, and never exceeds, the ceiling: ``min(wait_budget, 600 - keep)``, where ``keep``
+**Cold start.** A process knows nothing of the fleet when it starts, and a fleet whose budgets and
+holders sum past 600 would find the edge in its first window by the whole excess: six processes at
+the default 120 beside holders spending 100 ran the window out 15 s early and every holder at
+``ttl=15`` lost its lock. Starting at half the ceiling (``start_rate``) and, until the first 429,
+growing by a quarter each quiet window (:data:`START_GROWTH`) crosses the edge by at most a quarter
+of what the fleet then spends (measured: one 429 window, 6 s early, no holder lost), but makes one
+process alone look half as often for its first minutes; the default (:data:`START_SHARE`) still
+starts at the budget because the Airflow trigger tests time one look against the full budget. Size
+``VOLCANO_WAIT_BUDGET`` to ``(600 - holders) / processes`` where a cold fleet's first window matters.
+
+The rate never exceeds the ceiling: ``min(wait_budget, 600 - keep)``, where ``keep``
 is what this process's own keeping requests (renewals, releases, direct calls) cost in the last whole
 window. Each keeper renewing at a third of a TTL of ``t`` seconds costs ``180 / t`` a minute, so five
 holders at ``ttl=15`` leave ``600 - 60`` for waiting; the governor measures this instead of asking the
-keepers, because it already counts every request the process sends. A cold fleet whose budgets and
-holders sum past 600 overshoots once, in its first window, by what the budgets overcommit; set
-``VOLCANO_WAIT_BUDGET`` to ``600 / processes`` or less where that first window matters.
+keepers, because it already counts every request the process sends.
 
 After a 429 anywhere in the process, waiting requests stop until ``Retry-After`` has passed, however
 they were booked: the wait engine checks :attr:`Governor.blocked_until` again just before it sends.
@@ -89,6 +97,8 @@ __all__ = [
     "MIN_WAIT_RATE",
     "QUOTA",
     "RECOVERY_SHARE",
+    "START_GROWTH",
+    "START_SHARE",
     "WINDOW",
     "Governor",
     "GovernorStats",
@@ -110,10 +120,14 @@ CUT_MARGIN = 0.7
 """After a 429 the waiting rate lands this far under the edge the window showed."""
 RECOVERY_SHARE = 1 / 40
 """A quiet window raises the waiting rate by twice this share of itself, at most this share of its ceiling."""
+START_SHARE = 1.0
+"""A process starts waiting at this share of its ceiling (see "Cold start" in the module docstring)."""
+START_GROWTH = 1.25
+"""Until its first 429, each quiet window multiplies the waiting rate by this, up to the ceiling."""
 MIN_RECOVERY = 0.5
 """... and by at least this many requests a minute."""
 MIN_WAIT_RATE = 2.0
-"""The waiting rate never falls below this many requests a minute (one look every 30 s)."""
+"""The waiting rate never falls below this many requests a minute (one look every 30 s), or the budget."""
 _BURST_SECONDS = 5.0  # the bucket holds five seconds' worth of the rate (at least one request)
 
 
@@ -187,6 +201,8 @@ class Governor:
         rng: Uniform [0, 1) draws, for the spread after a 429.
         wall: Wall-clock seconds since the epoch (injectable for tests): where the quota's
             clock-aligned windows begin and end.
+        start_rate: The waiting rate to start at, requests a minute (default: half the budget, see
+            the module docstring; a process that knows its share of the fleet may start at it).
     """
 
     _registry_lock: ClassVar[threading.Lock] = threading.Lock()
@@ -199,13 +215,15 @@ class Governor:
         clock: Callable[[], float] = lease_clock,
         rng: Callable[[], float] = random.random,
         wall: Callable[[], float] = time.time,
+        start_rate: float | None = None,
     ) -> None:
         self._lock = threading.Lock()
         self._clock = clock
         self._rng = rng
         self._wall = wall
         self._budget = validate_wait_budget(wait_budget)
-        self._rate = float(self._budget)
+        start = self._budget * START_SHARE if start_rate is None else start_rate
+        self._rate = max(self._floor(), min(float(self._budget), start))
         self._tokens = self._capacity()
         self._updated = clock()
         self._blocked_until = -math.inf
@@ -271,15 +289,18 @@ class Governor:
         with self._lock:
             self._refill(self._clock())
             self._rate, self._budget = self._rate + budget - self._budget, budget
-            self._rate = max(MIN_WAIT_RATE, min(self._rate, self._ceiling()))
+            self._rate = max(self._floor(), min(self._rate, self._ceiling()))
             self._tokens = min(self._tokens, self._capacity())
 
     @staticmethod
     def _window_of(wall: float) -> int:
         return math.floor(wall / WINDOW)
 
+    def _floor(self) -> float:
+        return min(MIN_WAIT_RATE, float(self._budget))
+
     def _ceiling(self) -> float:
-        return float(max(MIN_WAIT_RATE, min(self._budget, QUOTA - self._keeping)))
+        return max(self._floor(), float(min(self._budget, QUOTA - self._keeping)))
 
     def _capacity(self) -> float:
         return max(1.0, self._rate / 60 * _BURST_SECONDS)
@@ -298,7 +319,9 @@ class Governor:
         quiet = self._window_waiting > 0 and not self._window_limited
         self._keeping = self._window_sent - self._window_waiting if window == self._window + 1 else 0
         ceiling = self._ceiling()
-        if quiet:
+        if quiet and not self._windows_cut:
+            self._rate *= START_GROWTH  # no edge found yet: probe for it, a quarter more a window
+        elif quiet:
             self._rate += min(ceiling * RECOVERY_SHARE, max(MIN_RECOVERY, self._rate * RECOVERY_SHARE * 2))
         self._rate = min(self._rate, ceiling)
         self._tokens = min(self._tokens, self._capacity())
@@ -370,7 +393,7 @@ class Governor:
         share = spent / WINDOW
         used = min(self._rate, self._window_waiting * WINDOW / spent)
         keep = (self._window_sent - self._window_waiting) * WINDOW / spent
-        self._rate = max(MIN_WAIT_RATE, CUT_MARGIN * (share * used - (1 - share) * keep))
+        self._rate = max(self._floor(), CUT_MARGIN * (share * used - (1 - share) * keep))
         self._tokens = min(self._tokens, self._capacity())
         self._windows_cut += 1
 

@@ -18,6 +18,7 @@ from volcano_locks.governor import (
     MIN_WAIT_RATE,
     QUOTA,
     RECOVERY_SHARE,
+    START_SHARE,
     Governor,
     validate_wait_budget,
 )
@@ -39,7 +40,10 @@ WINDOW_START = 1_800_000_000.0  # a clock minute: 1_800_000_000 is a multiple of
 def governor(
     budget: int = 60, clock: Clock | None = None, draw: float = 0.0, wall: Clock | None = None
 ) -> Governor:
-    return Governor(budget, clock=clock or Clock(), rng=lambda: draw, wall=wall or Clock(WINDOW_START))
+    # Started at its budget: these tests are about the bucket, not the cold start.
+    return Governor(
+        budget, clock=clock or Clock(), rng=lambda: draw, wall=wall or Clock(WINDOW_START), start_rate=budget
+    )
 
 
 # ---------------------------------------------------------------------------------------- budget
@@ -330,8 +334,8 @@ class Fleet:
         self.clock.now += seconds
         self.wall.now += seconds
 
-    def governor(self, budget: int = 120) -> Governor:
-        return Governor(budget, clock=self.clock, rng=lambda: 0.0, wall=self.wall)
+    def governor(self, budget: int = 120, start_rate: float | None = None) -> Governor:
+        return Governor(budget, clock=self.clock, rng=lambda: 0.0, wall=self.wall, start_rate=start_rate)
 
 
 def _send_waiting(gov: Governor, n: int, op: str = "get") -> None:
@@ -342,8 +346,8 @@ def _send_waiting(gov: Governor, n: int, op: str = "get") -> None:
 
 def test_a_429_cuts_the_rate_by_the_share_of_the_window_the_quota_lasted() -> None:
     sim = Fleet()
-    gov = sim.governor(120)
-    assert gov.stats().wait_rate == 120.0  # a process starts at its budget
+    gov = sim.governor(120, start_rate=120)
+    assert gov.stats().wait_rate == 120.0  # started at its budget (a process that knows its share)
     sim.advance(45.0)
     _send_waiting(gov, 90)  # two a second for 45 s: its whole rate
     gov.note_rate_limited("get", 15.0)  # the project's 600 lasted 45 s of the window
@@ -354,7 +358,7 @@ def test_a_429_cuts_the_rate_by_the_share_of_the_window_the_quota_lasted() -> No
 
 def test_the_cut_keeps_the_holders_share_and_follows_what_was_really_spent() -> None:
     sim = Fleet()
-    gov = sim.governor(120)
+    gov = sim.governor(120, start_rate=120)
     sim.advance(30.0)
     _send_waiting(gov, 20)  # 40 a minute of waiting (less than its rate of 120)
     for _ in range(15):
@@ -366,7 +370,7 @@ def test_the_cut_keeps_the_holders_share_and_follows_what_was_really_spent() -> 
 
 def test_one_cut_a_window_however_many_429s() -> None:
     sim = Fleet()
-    gov = sim.governor(120)
+    gov = sim.governor(120, start_rate=120)
     sim.advance(50.0)
     _send_waiting(gov, 100)
     gov.note_rate_limited("get", 10.0)
@@ -382,6 +386,19 @@ def test_one_cut_a_window_however_many_429s() -> None:
     assert gov.stats().windows_cut == 2 and gov.stats().wait_rate < after_first
 
 
+def test_a_process_started_low_probes_up_until_its_first_429() -> None:
+    sim = Fleet()
+    gov = sim.governor(120, start_rate=120 * 0.5)
+    rates = []
+    for _ in range(6):
+        _send_waiting(gov, 1)
+        sim.advance(60.0)
+        rates.append(gov.stats().wait_rate)
+    assert rates == pytest.approx([75.0, 93.75, 117.1875, 120.0, 120.0, 120.0])  # x1.25, capped
+    assert Governor(1, wall=sim.wall).stats().wait_rate == 1.0  # never above a budget below the floor
+    assert Governor(90, wall=sim.wall).stats().wait_rate == 90 * START_SHARE
+
+
 def test_the_rate_never_falls_below_its_floor() -> None:
     sim = Fleet()
     gov = sim.governor(120)
@@ -392,7 +409,7 @@ def test_the_rate_never_falls_below_its_floor() -> None:
 
 def test_the_rate_climbs_back_slowly_in_quiet_windows_with_waiting_and_never_past_the_budget() -> None:
     sim = Fleet()
-    gov = sim.governor(120)
+    gov = sim.governor(120, start_rate=120)
     sim.advance(40.0)
     _send_waiting(gov, 80)
     gov.note_rate_limited("get", 20.0)
@@ -417,7 +434,7 @@ def test_the_rate_climbs_back_slowly_in_quiet_windows_with_waiting_and_never_pas
 
 def test_an_idle_window_does_not_raise_a_cut_rate() -> None:
     sim = Fleet()
-    gov = sim.governor(120)
+    gov = sim.governor(120, start_rate=120)
     sim.advance(30.0)
     _send_waiting(gov, 30)
     gov.note_rate_limited("get", 30.0)
@@ -428,7 +445,7 @@ def test_an_idle_window_does_not_raise_a_cut_rate() -> None:
 
 def test_the_ceiling_leaves_what_this_processs_own_holders_spent_last_window() -> None:
     sim = Fleet()
-    gov = sim.governor(600)  # the budget alone would allow the whole quota
+    gov = sim.governor(600, start_rate=600)  # the budget alone would allow the whole quota
     for _ in range(120):
         gov.note_sent("renew")  # 40 holders at ttl=60 (3 a minute each) ... or 8 at ttl=15 (12 each)
     sim.advance(60.0)
@@ -441,7 +458,7 @@ def test_the_ceiling_leaves_what_this_processs_own_holders_spent_last_window() -
 
 def test_the_rate_paces_reservations() -> None:
     sim = Fleet()
-    gov = sim.governor(120)
+    gov = sim.governor(120, start_rate=120)
     sim.advance(40.0)
     _send_waiting(gov, 80)
     gov.note_rate_limited("get", 20.0)
@@ -454,7 +471,7 @@ def test_the_rate_paces_reservations() -> None:
 
 def test_a_wait_budget_change_moves_the_rate_within_the_ceiling() -> None:
     sim = Fleet()
-    gov = sim.governor(120)
+    gov = sim.governor(120, start_rate=120)
     gov.set_wait_budget(30)
     assert gov.stats().wait_rate == 30.0
     gov.set_wait_budget(600)
