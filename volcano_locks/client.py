@@ -73,6 +73,8 @@ def _take(body: bytearray, chunk: bytes, call: Call, status: int) -> None:
 class _Base:
     """State and pure helpers shared by both shells (no I/O here)."""
 
+    _reaper: SyncReaper | AsyncReaper  # releases acquisitions whose callers gave up (each shell's own)
+
     def __init__(
         self,
         api_url: str | None,
@@ -146,6 +148,15 @@ class _Base:
     def _closed_error(self, call: Call) -> TransportError:
         return TransportError(f"{call.op}: the client is closed", request_id=call.request_id)
 
+    def abandon(self, key: str, token: str, request_id: str) -> None:
+        """Give up an acquisition of ``key`` whose outcome is unknown: release ``token``'s lease if it lands.
+
+        For callers that made their own token and will not retry (the wait engine when a wait ends
+        after an uncertain attempt): the release goes now and on the clean-up schedule, on the
+        keeping lane (:mod:`volcano_locks.orphans`), and is ignored once the client is closed.
+        """
+        self._reaper.add(key, token, request_id)
+
     def _timed_out(self, call: Call) -> TransportError:
         return TransportError(
             f"{call.op} got no complete response within {self._deadline(call):g} s",
@@ -179,6 +190,8 @@ class VolcanoLocks(_Base):
         ...     with locks.with_lock("daily-rollup", ttl=30) as guard:
         ...         write(fencing_token=guard.fencing_token)
     """
+
+    _reaper: SyncReaper
 
     def __init__(
         self,
@@ -413,6 +426,8 @@ class AsyncVolcanoLocks(_Base):
         ...     async with locks.with_lock("daily-rollup", ttl=30) as guard:
         ...         await write(fencing_token=guard.fencing_token)
     """
+
+    _reaper: AsyncReaper
 
     def __init__(
         self,

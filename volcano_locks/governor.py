@@ -43,14 +43,18 @@ it rides out a blackout of ``R`` seconds while ``R < 2 t / 3 - 1`` (less one req
 2.3 s at ``ttl=5``, 9 s at ``ttl=15``, 19 s at ``ttl=30``.
 
 **Cold start.** A process knows nothing of the fleet when it starts, and a fleet whose budgets and
-holders sum past 600 would find the edge in its first window by the whole excess: six processes at
-the default 120 beside holders spending 100 ran the window out 15 s early and every holder at
-``ttl=15`` lost its lock. Starting at half the ceiling (``start_rate``) and, until the first 429,
-growing by a quarter each quiet window (:data:`START_GROWTH`) crosses the edge by at most a quarter
-of what the fleet then spends (measured: one 429 window, 6 s early, no holder lost), but makes one
-process alone look half as often for its first minutes; the default (:data:`START_SHARE`) still
-starts at the budget because the Airflow trigger tests time one look against the full budget. Size
-``VOLCANO_WAIT_BUDGET`` to ``(600 - holders) / processes`` where a cold fleet's first window matters.
+holders sum past 600 would find the edge in its first window by the whole excess: six processes
+starting at the default 120 beside holders spending 100 ran the window out 15 s early and every
+holder at ``ttl=15`` lost its lock. So a process starts at a quarter of its ceiling
+(:data:`START_SHARE`: 30 a minute at the default budget; six of them and the holders stay near 280)
+and, until its first 429, grows by :data:`START_GROWTH` (15 %) after each window in which it used at
+least half its rate: a fleet growing together crosses the edge by at most 15 % of what it then spends,
+so the window that finds the edge runs out at most ``60 * 0.15 / 1.15`` = 7.8 s early, inside what a
+holder at ``ttl=15`` survives (9 s, below). A waiter's very first attempt is an acquisition like a
+direct call and is not held back by the rate (an uncontended lock costs one request at once); the
+bucket holds at least :data:`MIN_BURST` looks, so a fresh process's first looks are not delayed either.
+A window in which the process waited little (under half its rate) does not raise the rate: a rate
+is earned by use, so a process that idled at a high rate cannot spend it all at once later.
 
 The rate never exceeds the ceiling: ``min(wait_budget, 600 - keep)``, where ``keep``
 is what this process's own keeping requests (renewals, releases, direct calls) cost in the last whole
@@ -90,9 +94,11 @@ from volcano_locks.errors import InvalidRequest
 
 __all__ = [
     "BLACKOUT_SPREAD",
+    "BUSY_SHARE",
     "CUT_MARGIN",
     "DEFAULT_WAIT_BUDGET",
     "ENV_WAIT_BUDGET",
+    "MIN_BURST",
     "MIN_RECOVERY",
     "MIN_WAIT_RATE",
     "QUOTA",
@@ -120,15 +126,19 @@ CUT_MARGIN = 0.7
 """After a 429 the waiting rate lands this far under the edge the window showed."""
 RECOVERY_SHARE = 1 / 40
 """A quiet window raises the waiting rate by twice this share of itself, at most this share of its ceiling."""
-START_SHARE = 1.0
+START_SHARE = 0.25
 """A process starts waiting at this share of its ceiling (see "Cold start" in the module docstring)."""
-START_GROWTH = 1.25
-"""Until its first 429, each quiet window multiplies the waiting rate by this, up to the ceiling."""
+START_GROWTH = 1.15
+"""Until its first 429, each busy quiet window multiplies the waiting rate by this, up to the ceiling."""
+BUSY_SHARE = 0.5
+"""A window raises the rate only if the process's waiting used at least this share of it."""
+MIN_BURST = 5.0
+"""The waiting bucket holds at least this many requests, whatever the rate."""
 MIN_RECOVERY = 0.5
 """... and by at least this many requests a minute."""
 MIN_WAIT_RATE = 2.0
 """The waiting rate never falls below this many requests a minute (one look every 30 s), or the budget."""
-_BURST_SECONDS = 5.0  # the bucket holds five seconds' worth of the rate (at least one request)
+_BURST_SECONDS = 5.0  # the bucket holds five seconds' worth of the rate (at least MIN_BURST requests)
 
 
 def validate_wait_budget(value: object, *, source: str = "wait_budget") -> int:
@@ -303,7 +313,7 @@ class Governor:
         return max(self._floor(), float(min(self._budget, QUOTA - self._keeping)))
 
     def _capacity(self) -> float:
-        return max(1.0, self._rate / 60 * _BURST_SECONDS)
+        return max(MIN_BURST, self._rate / 60 * _BURST_SECONDS)
 
     def _refill(self, now: float) -> None:
         rate = self._rate / 60
@@ -316,7 +326,7 @@ class Governor:
         if window <= self._window:
             return
         self._refill(self._clock())  # tokens earned at the old rate stay earned
-        quiet = self._window_waiting > 0 and not self._window_limited
+        quiet = self._window_waiting >= BUSY_SHARE * self._rate and not self._window_limited
         self._keeping = self._window_sent - self._window_waiting if window == self._window + 1 else 0
         ceiling = self._ceiling()
         if quiet and not self._windows_cut:

@@ -169,6 +169,7 @@ class SyncWaitClient(Protocol):
     def acquire(
         self, key: str, ttl: int, *, token: str | None = ..., request_id: str | None = ...
     ) -> LockLease: ...
+    def abandon(self, key: str, token: str, request_id: str) -> None: ...
 
 
 class AsyncWaitClient(Protocol):
@@ -184,6 +185,7 @@ class AsyncWaitClient(Protocol):
     async def acquire(
         self, key: str, ttl: int, *, token: str | None = ..., request_id: str | None = ...
     ) -> LockLease: ...
+    def abandon(self, key: str, token: str, request_id: str) -> None: ...
     async def release(self, key: str, lease: LockLease) -> None: ...
 
 
@@ -218,6 +220,7 @@ class _Waiter:
     signal: _Signal
     first: bool = True  # the very first attempt: straight to acquire, not held by a 429 blackout
     direct: bool = True  # acquire without a look first: the first try, and after an uncertain one
+    uncertain: bool = False  # an acquisition got no definite answer: the server may hold a lease for it
     op: str | None = None  # the request the reservation below is for
     slot: float | None = None  # lease-clock time the reserved request may be sent
     priority: bool = False
@@ -434,7 +437,9 @@ def _wait_flow(
                     continue
                 waiter.op = "acquire" if waiter.direct or informed else "get"
                 waiter.priority = informed
-                waiter.slot = governor.reserve(priority=informed, honour_blackout=not waiter.first)
+                # A first attempt is an acquisition like a direct call: sent at once, not billed to
+                # the waiting rate (an uncontended lock costs one request); it is still counted.
+                waiter.slot = now if waiter.first else governor.reserve(priority=informed)
             # At send time, not only at booking: a 429 that arrived since holds this request too.
             send_at = waiter.slot if waiter.first else max(waiter.slot, governor.blocked_until)
             if now < send_at:
@@ -503,7 +508,7 @@ def _settle(
         entry.delay = policy.grown(delay, renewing=entry.renewing)
 
     if isinstance(outcome, LockLease):
-        waiter.direct = False
+        waiter.direct = waiter.uncertain = False
         waiter.request_id = None
         with entry.lock:
             entry.holder = LockState(True, outcome.expires_at, outcome.fencing_token)
@@ -520,15 +525,18 @@ def _settle(
             entry.holder, entry.free_seen = outcome, True
         return None
     if isinstance(outcome, ConflictError):  # OwnershipLost too: our own lapsed lease, not yet free
-        waiter.direct = False
+        waiter.direct = waiter.uncertain = False
         waiter.request_id = None
         state = outcome.holder or entry.holder or LockState(held=True)
         entry.seen_held(state)
         look_later(state)
         return None
     if isinstance(outcome, RateLimited):
-        waiter.direct = False  # a definite answer: the next try looks first
-        waiter.request_id = None
+        # Refused before it was served: after an uncertain acquisition the next try still acquires
+        # with the same token and request id (to learn its outcome), else it looks first.
+        waiter.direct = waiter.uncertain
+        if not waiter.uncertain:
+            waiter.request_id = None
         pause = outcome.retry_after if outcome.retry_after is not None else policy.poll
         entry.next_look_at = max(entry.next_look_at, now + pause, governor.blocked_until)
         logger.info(
@@ -543,6 +551,7 @@ def _settle(
         # to acquire with the same token and request id, which recovers the lease if the server did
         # grant it.
         waiter.direct = op == "acquire" or waiter.direct
+        waiter.uncertain = op == "acquire" or waiter.uncertain
         logger.warning("waiting for lock %r: %s; trying again", waiter.key, outcome)
         look_later(entry.holder)
         return None
@@ -698,6 +707,10 @@ def _flow_for(
             yield flow
         finally:
             flow.close()
+            if waiter.uncertain and waiter.request_id is not None:
+                # The wait ends (timed out, cancelled, failed) right after an attempt whose outcome is
+                # unknown: the server may hold a lease for this token that nobody will use.
+                client.abandon(waiter.key, waiter.token, waiter.request_id)
 
 
 def _advance(flow: _Flow, outcome: object) -> tuple[_Step | None, LockLease | None]:

@@ -13,11 +13,14 @@ import pytest
 from volcano_locks import InvalidRequest, LockContention, LockState, RateLimited, TransportError
 from volcano_locks.governor import (
     BLACKOUT_SPREAD,
+    BUSY_SHARE,
     CUT_MARGIN,
+    MIN_BURST,
     MIN_RECOVERY,
     MIN_WAIT_RATE,
     QUOTA,
     RECOVERY_SHARE,
+    START_GROWTH,
     START_SHARE,
     Governor,
     validate_wait_budget,
@@ -147,6 +150,12 @@ class _NoSignal:
         pass
 
 
+def _empty(gov: Governor) -> None:
+    """Spend the bucket's burst (what a process that just waited a lot has left)."""
+    for _ in range(int(MIN_BURST)):
+        gov.reserve()
+
+
 def _waiter(key: str = "k") -> _Waiter:
     return _Waiter(key, 30, TOKEN, None, _NoSignal())
 
@@ -213,6 +222,7 @@ def test_a_lock_seen_free_is_acquired_next_ahead_of_the_budget() -> None:
     clock, entry, waiter = Clock(), _KeyWait("k"), _waiter()
     gov = governor(1, clock)  # one request a minute: a read would wait
     flow = _flow(entry, waiter, gov, clock)
+    _empty(gov)  # the bucket's burst is spent: a read must wait for the rate
     next(flow)
     step = flow.send(LockContention("held"))
     clock.now = step.until  # type: ignore[union-attr]
@@ -230,6 +240,7 @@ def test_wake_turns_a_booked_read_into_an_immediate_acquisition() -> None:
     clock, entry, waiter = Clock(), _KeyWait("k"), _waiter()
     gov = governor(1, clock)
     flow = _flow(entry, waiter, gov, clock)
+    _empty(gov)  # the bucket's burst is spent: a read must wait for the rate
     next(flow)
     step = flow.send(LockContention("held"))
     clock.now = step.until  # type: ignore[union-attr]
@@ -388,13 +399,19 @@ def test_one_cut_a_window_however_many_429s() -> None:
 
 def test_a_process_started_low_probes_up_until_its_first_429() -> None:
     sim = Fleet()
-    gov = sim.governor(120, start_rate=120 * 0.5)
+    gov = sim.governor(120)  # starts at a quarter of its budget
+    assert gov.stats().wait_rate == 120 * START_SHARE == 30.0
     rates = []
-    for _ in range(6):
-        _send_waiting(gov, 1)
+    for _ in range(3):  # windows in which it waited only a little: nothing earned
+        _send_waiting(gov, 5)
         sim.advance(60.0)
         rates.append(gov.stats().wait_rate)
-    assert rates == pytest.approx([75.0, 93.75, 117.1875, 120.0, 120.0, 120.0])  # x1.25, capped
+    for _ in range(12):  # busy windows: it used at least half its rate
+        _send_waiting(gov, math.ceil(gov.stats().wait_rate * BUSY_SHARE))
+        sim.advance(60.0)
+        rates.append(gov.stats().wait_rate)
+    expected = [30.0] * 3 + [min(120.0, 30.0 * START_GROWTH**n) for n in range(1, 13)]
+    assert rates == pytest.approx(expected)  # x1.15 a busy window, capped at the budget
     assert Governor(1, wall=sim.wall).stats().wait_rate == 1.0  # never above a budget below the floor
     assert Governor(90, wall=sim.wall).stats().wait_rate == 90 * START_SHARE
 
@@ -419,7 +436,7 @@ def test_the_rate_climbs_back_slowly_in_quiet_windows_with_waiting_and_never_pas
     assert gov.stats().wait_rate == cut
     rates = []
     for _ in range(60):
-        _send_waiting(gov, 1)
+        _send_waiting(gov, math.ceil(gov.stats().wait_rate * BUSY_SHARE))
         sim.advance(60.0)
         rates.append(gov.stats().wait_rate)
     expected = [cut]
@@ -519,8 +536,8 @@ def test_a_booked_look_comes_due_inside_a_blackout_and_waits_for_its_end() -> No
     flow = _flow(entry, waiter, gov, clock, policy=WaitPolicy(poll=1.0, cap=1.0))
     next(flow)
     step = flow.send(LockContention("held"))
-    for _ in range(5):
-        gov.reserve()  # the bucket is empty: the look will be booked a second ahead
+    _empty(gov)
+    gov.reserve()  # the bucket is empty: the look will be booked a second ahead
     clock.now = step.until  # type: ignore[union-attr]
     step = flow.send(None)
     assert isinstance(step, _Block)  # booked for a slot ahead

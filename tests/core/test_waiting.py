@@ -172,7 +172,9 @@ async def test_wait_is_cancellable(volcano_server: LocalServer, unique_key: str)
 
 
 def test_requests_sent_counts_waiting(volcano_server: LocalServer, unique_key: str) -> None:
-    with VolcanoLocks(volcano_server.url, service_key=volcano_server.service_key) as client:
+    # A credential of its own: its governor's bucket is not what earlier tests left of the shared one.
+    own = volcano_server.mint_key(permissions=["locks.manage"])
+    with VolcanoLocks(volcano_server.url, service_key=own) as client:
         holder = client.acquire(unique_key, 30)
         before = client.requests_sent
         with pytest.raises(WaitTimeout):
