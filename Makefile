@@ -27,12 +27,12 @@ $(UV):
 
 $(AIRFLOW_ENV)/.synced: pyproject.toml uv.lock | $(UV)
 	@echo ">> building the Airflow environment ($(AIRFLOW_ENV)) from uv.lock; the first time takes a minute or two"
-	UV_PROJECT_ENVIRONMENT=$(AIRFLOW_ENV) $(UV) sync --frozen --extra airflow
+	UV_PROJECT_ENVIRONMENT=$(AIRFLOW_ENV) $(UV) sync --frozen --extra airflow --extra fencing-sql --extra fencing-s3
 	touch $@
 
 $(PREFECT_ENV)/.synced: pyproject.toml uv.lock | $(UV)
 	@echo ">> building the Prefect environment ($(PREFECT_ENV)) from uv.lock; the first time takes a minute or two"
-	UV_PROJECT_ENVIRONMENT=$(PREFECT_ENV) $(UV) sync --frozen --extra prefect
+	UV_PROJECT_ENVIRONMENT=$(PREFECT_ENV) $(UV) sync --frozen --extra prefect --extra fencing-sql --extra fencing-s3
 	touch $@
 
 envs: $(AIRFLOW_ENV)/.synced $(PREFECT_ENV)/.synced
