@@ -14,6 +14,8 @@ import pytest
 from volcano_locks import VolcanoLocks
 from volcano_locks.server.harness import LocalServer
 
+from tests.s3_server import MotoServer
+
 # pytester runs whole sessions against this conftest (tests/server/test_harness.py).
 pytest_plugins = ["pytester"]
 
@@ -82,3 +84,20 @@ def pg_dsn() -> Iterator[str]:
             message = f"{choice.reason}, but the container did not start: {type(exc).__name__}: {exc}"
             pg_select.unavailable(message, choice.required)
         yield dsn
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
+    """moto's S3-compatible server (``python -m moto.server``) as its own process on a free loopback port.
+
+    One per session; take a fresh bucket per test with ``s3_server.bucket()``. Stopped at session end.
+    """
+    log = tmp_path_factory.mktemp("moto") / "moto.log"
+    with MotoServer(log=log) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def pg_sqlalchemy_url(pg_dsn: str) -> str:
+    """``pg_dsn`` as a SQLAlchemy URL on the psycopg 3 driver the environments have."""
+    return "postgresql+psycopg://" + pg_dsn.split("://", 1)[1]

@@ -7,13 +7,16 @@ your ``INSERT`` / ``UPDATE`` / ``MERGE`` statements on the same connection, and 
     INSERT INTO volcano_fence (resource, lock_key, fencing_token) VALUES (:resource, :lock_key, :token)
     ON CONFLICT (resource) DO UPDATE SET lock_key = excluded.lock_key, fencing_token = excluded.fencing_token
     WHERE volcano_fence.lock_key = excluded.lock_key AND volcano_fence.fencing_token <= excluded.fencing_token
+    RETURNING fencing_token
 
-When the upsert changes no row, the stored token is newer (or the resource belongs to another lock): the
+When the upsert returns no row, the stored token is newer (or the resource belongs to another lock): the
 transaction is rolled back before any of your statements ran, and :class:`StaleFencingToken` names the
 resource, the refused token and the stored one.
 
-Dialects: PostgreSQL (9.5+) and SQLite (3.24+), the two with ``INSERT ... ON CONFLICT DO UPDATE ... WHERE``.
-Any other dialect is refused when the :class:`FencedSQL` is built.
+Dialects: PostgreSQL (9.5+) and SQLite (3.35+), which have both features it relies on: a conditional upsert
+(``INSERT ... ON CONFLICT DO UPDATE ... WHERE``, so the check and the write are one statement that takes the
+row lock) and ``RETURNING`` (to learn whether the row changed). Any other dialect is refused when the
+:class:`FencedSQL` is built.
 
 Concurrent writers of one resource: the upsert locks the guard row until the transaction ends (PostgreSQL:
 the row lock, or the unique-index entry when the row is new; SQLite: the database write lock, taken by the
@@ -152,7 +155,8 @@ class FencedSQL:
             where=(t.c.lock_key == stmt.excluded.lock_key)
             & (t.c.fencing_token <= stmt.excluded.fencing_token),
         )
-        if conn.execute(stmt).rowcount != 1:
+        # RETURNING, not rowcount: SQLAlchemy's psycopg dialect reports -1 for a Core INSERT's rowcount.
+        if conn.execute(stmt.returning(t.c.fencing_token)).first() is None:
             stored = self._stored(conn, resource)
             raise StaleFencingToken(resource, fence.fencing_token, stored, lock_key=fence.lock_key)
 
