@@ -11,10 +11,9 @@ from contextlib import ExitStack
 import pg_select
 import pytest
 
+from tests.s3_server import MotoServer
 from volcano_locks import VolcanoLocks
 from volcano_locks.server.harness import LocalServer
-
-from tests.s3_server import MotoServer
 
 # pytester runs whole sessions against this conftest (tests/server/test_harness.py).
 pytest_plugins = ["pytester"]
