@@ -151,8 +151,8 @@ def test_bad_configuration_is_refused_where_it_is_written(tmp_path: Path) -> Non
     with pytest.raises(ValueError, match="'bad name'"):
         FencedSQL(engine, guard_table="bad name")
     fenced = FencedSQL(engine)
-    with pytest.raises(TypeError, match="got int"):
-        fenced.claim(engine.connect(), "orders", 5)
+    with pytest.raises(TypeError, match="got int"), engine.connect() as conn:
+        fenced.claim(conn, "orders", 5)
     with pytest.raises(ValueError, match="resource"):
         fenced.read("")
     engine.dispose()
