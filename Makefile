@@ -76,7 +76,7 @@ dist: | $(UV)
 	$(UV) build --no-sources --out-dir $(DIST_DIR)
 	for extra in airflow prefect; do \
 	  $(UV) export --quiet --frozen --no-hashes --no-header --no-annotate --no-default-groups --no-emit-project \
-	    --extra $$extra --output-file $(DIST_DIR)/constraints-$$extra.txt || exit 1; \
+	    --extra $$extra --extra fencing-sql --extra fencing-s3 --output-file $(DIST_DIR)/constraints-$$extra.txt || exit 1; \
 	done
 
 clean:
