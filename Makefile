@@ -52,6 +52,7 @@ demo: envs
 bench: envs
 	$(PREFECT_ENV)/bin/python bench/bench_server.py
 	$(PREFECT_ENV)/bin/python bench/bench_core.py
+	$(PREFECT_ENV)/bin/python bench/bench_fencing.py
 	$(PREFECT_ENV)/bin/python bench/bench_waiting.py
 	$(PREFECT_ENV)/bin/python bench/bench_prefect.py
 	$(AIRFLOW_ENV)/bin/python bench/bench_airflow.py
