@@ -16,7 +16,7 @@ from typing import Protocol
 from volcano_locks.errors import ErrorCode, VolcanoError
 from volcano_locks.protocol import validate_key
 
-__all__ = ["Fence", "LeaseLike", "StaleFencingToken", "fence_of", "validate_resource"]
+__all__ = ["Fence", "StaleFencingToken", "fence_of", "validate_resource"]
 
 _MAX_TOKEN = 2**63 - 1
 _MAX_RESOURCE = 512
@@ -46,11 +46,7 @@ class Fence:
             raise TypeError(f"fencing_token must be a non-negative 64-bit int, got {token!r}")
 
 
-LeaseLike = object
-"""Anything :func:`fence_of` accepts (a lease, a guard, lease facts, a ``volcano_lease`` mapping)."""
-
-
-def fence_of(lease: LeaseLike) -> Fence:
+def fence_of(lease: object) -> Fence:
     """The :class:`Fence` of ``lease``, in any of the forms a lease reaches user code.
 
     Raises:
