@@ -149,3 +149,26 @@ def test_bad_arguments_are_refused_naming_the_value(s3_server: MotoServer) -> No
     with pytest.raises(TypeError, match="got NoneType"):
         prefix.publish(None, {"a": b""})
     assert repr(prefix) == "FencedS3Prefix(bucket='b', prefix='lake')"
+
+
+def test_a_swap_whose_response_was_lost_is_recognised_and_its_data_kept(
+    lake: tuple[Any, str, FencedS3Prefix],
+) -> None:
+    """The manifest PUT landed but the client saw an error: the publish reads back its own version."""
+    client, _, prefix = lake
+    lost: list[int] = []
+    swapping: list[bool] = [False]
+
+    def note_the_swap(params: dict[str, Any], **_: Any) -> None:
+        swapping[0] = params.get("Key") == prefix.manifest_key
+
+    def lose_the_response(**_: Any) -> None:
+        if swapping[0] and not lost:
+            lost.append(1)
+            raise ConnectionResetError("response lost after the swap was applied")
+
+    client.meta.events.register("provide-client-params.s3.PutObject", note_the_swap)
+    client.meta.events.register("after-call.s3.PutObject", lose_the_response)
+    manifest = s3_publish(prefix, Fence(KEY, 2), "a")
+    assert lost and prefix.current() == manifest and manifest.generation == 1
+    assert [prefix.read(f"part-{i}.txt") for i in range(PARTS)] == [f"a:{i}".encode() for i in range(PARTS)]

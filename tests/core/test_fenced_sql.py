@@ -161,3 +161,25 @@ def test_bad_configuration_is_refused_where_it_is_written(tmp_path: Path) -> Non
 def test_repr_names_no_credentials() -> None:
     engine = sa.create_engine("postgresql+psycopg://etl:hunter2-secret@db.example:5432/wh")
     assert "hunter2" not in repr(FencedSQL(engine)) and "postgresql" in repr(FencedSQL(engine))
+
+
+@pytest.mark.parametrize("where", ["engine", "connection"])
+def test_an_autocommit_connection_is_refused_because_the_guard_would_commit_alone(
+    target: SqlTarget, where: str
+) -> None:
+    url = target.engine.url
+    engine = sa.create_engine(url, isolation_level="AUTOCOMMIT") if where == "engine" else target.engine
+    fenced = FencedSQL(engine, guard_table=target.fenced.table.name)
+    try:
+        with pytest.raises(ValueError, match="autocommit"):
+            if where == "engine":
+                with fenced.begin("orders", Fence(KEY, 1)):
+                    pass
+            else:
+                with engine.connect() as conn:
+                    fenced.claim(
+                        conn.execution_options(isolation_level="AUTOCOMMIT"), "orders", Fence(KEY, 1)
+                    )
+    finally:
+        if where == "engine":
+            engine.dispose()

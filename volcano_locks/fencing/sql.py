@@ -156,7 +156,14 @@ class FencedSQL:
             & (t.c.fencing_token <= stmt.excluded.fencing_token),
         )
         # RETURNING, not rowcount: SQLAlchemy's psycopg dialect reports -1 for a Core INSERT's rowcount.
-        if conn.execute(stmt.returning(t.c.fencing_token)).first() is None:
+        accepted = conn.execute(stmt.returning(t.c.fencing_token)).first() is not None
+        if _in_transaction(conn) is False:
+            # The guard committed on its own: it cannot hold back statements that commit apart from it.
+            raise ValueError(
+                "FencedSQL needs a transaction, but the connection is in autocommit mode "
+                "(isolation_level='AUTOCOMMIT' or a driver-level autocommit): use a transactional engine"
+            )
+        if not accepted:
             stored = self._stored(conn, resource)
             raise StaleFencingToken(resource, fence.fencing_token, stored, lock_key=fence.lock_key)
 
@@ -164,3 +171,15 @@ class FencedSQL:
         t = self.table
         row = conn.execute(sa.select(t.c.lock_key, t.c.fencing_token).where(t.c.resource == resource)).first()
         return None if row is None else Fence(row[0], int(row[1]))
+
+
+def _in_transaction(conn: Connection) -> bool | None:
+    """Whether the database session is inside a transaction now (``None``: this driver does not say)."""
+    dbapi: Any = conn.connection.dbapi_connection
+    if isinstance(getattr(dbapi, "in_transaction", None), bool):  # sqlite3
+        return bool(dbapi.in_transaction)
+    info = getattr(dbapi, "info", None)
+    status = getattr(info, "transaction_status", None)  # psycopg 3: IDLE, ACTIVE, INTRANS, INERROR, UNKNOWN
+    if status is not None and hasattr(status, "name"):
+        return str(status.name) != "IDLE"
+    return None
