@@ -28,6 +28,8 @@ transaction, or take several guards in a fixed order. Under PostgreSQL's ``REPEA
 ``SERIALIZABLE`` the waiting writer fails with a serialization error instead (retry the transaction);
 under the default ``READ COMMITTED`` it proceeds as above.
 
+An autocommit connection is refused with ``ValueError``: the guard would commit apart from your statements.
+
 Cost: one extra statement per fenced transaction (the upsert); a refusal costs one more (the read that
 names the stored token).
 """
