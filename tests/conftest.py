@@ -7,10 +7,12 @@ import re
 import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack
+from pathlib import Path
 
 import pg_select
 import pytest
 
+from tests.fenced_examples import ExampleStores
 from tests.s3_server import MotoServer
 from volcano_locks import VolcanoLocks
 from volcano_locks.server.harness import LocalServer
@@ -100,3 +102,25 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
 def pg_sqlalchemy_url(pg_dsn: str) -> str:
     """``pg_dsn`` as a SQLAlchemy URL on the psycopg 3 driver the environments have."""
     return "postgresql+psycopg://" + pg_dsn.split("://", 1)[1]
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def example_stores(
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    s3_server: MotoServer,
+) -> Iterator[ExampleStores]:
+    """The fenced-lake examples' warehouse (SQLite, then PostgreSQL) and bucket, set in VOLCANO_EXAMPLES_*."""
+    url = (
+        f"sqlite:///{tmp_path / 'warehouse.sqlite3'}"
+        if request.param == "sqlite"
+        else request.getfixturevalue("pg_sqlalchemy_url")
+    )
+    stores = ExampleStores(url, s3_server)
+    for name, value in stores.env.items():
+        monkeypatch.setenv(name, value)
+    try:
+        yield stores
+    finally:
+        stores.close()

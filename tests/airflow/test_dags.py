@@ -328,57 +328,23 @@ def test_warehouse_swap_waits_deferred_for_a_holder_then_runs_under_a_newer_toke
     assert not outside.get(unique_key).held
 
 
-@pytest.mark.parametrize("warehouse", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def test_fenced_lake_writes_the_warehouse_and_the_lake_under_the_tasks_lease(
-    dagbag, volcano_conn, unique_key, tmp_path, monkeypatch, s3_server, request, warehouse
+    dagbag, volcano_conn, unique_key, example_stores
 ) -> None:
-    import sqlalchemy as sa
+    from volcano_locks.fencing import FencedSQL, StaleFencingToken
 
-    from volcano_locks.fencing import Fence, FencedS3Prefix, FencedSQL, StaleFencingToken
+    day, stores = unique_key, example_stores
+    dr = dagbag.get_dag("volcano_fenced_lake").test(run_conf={"day": day})
+    assert dr.state == "success", _states(dr)
+    lease = _xcoms(dr, "publish")["volcano_lease"]
+    assert lease["lock_key"] == f"sales:{day}"
+    assert stores.stored(day) == ({lease["fencing_token"]}, lease["fencing_token"])  # both stores, one lease
+    assert _xcoms(dr, "publish")["return_value"]["rows"] == 3
 
-    url = (
-        f"sqlite:///{tmp_path / 'warehouse.sqlite3'}"
-        if warehouse == "sqlite"
-        else request.getfixturevalue("pg_sqlalchemy_url")
-    )
-    bucket = s3_server.bucket()
-    for name, value in {
-        **s3_server.env(),
-        "VOLCANO_EXAMPLES_SQLALCHEMY_URL": url,
-        "VOLCANO_EXAMPLES_S3_ENDPOINT": s3_server.url,
-        "VOLCANO_EXAMPLES_S3_BUCKET": bucket,
-    }.items():
-        monkeypatch.setenv(name, value)
-    day = unique_key
-    engine = sa.create_engine(url)
-    lake = FencedS3Prefix(s3_server.client(), bucket, f"sales/{day}")
-    sales = sa.table("example_daily_sales", sa.column("day"), sa.column("fencing_token"))
-
-    def stored() -> tuple[set[int], int | None]:
-        with engine.connect() as conn:
-            tokens = conn.execute(sa.select(sales.c.fencing_token).where(sales.c.day == day)).scalars().all()
-        current = lake.current()
-        return set(tokens), None if current is None else current.fencing_token
-
-    try:
-        dr = dagbag.get_dag("volcano_fenced_lake").test(run_conf={"day": day})
-        assert dr.state == "success", _states(dr)
-        lease = _xcoms(dr, "publish")["volcano_lease"]
-        assert lease["lock_key"] == f"sales:{day}"
-        assert stored() == ({lease["fencing_token"]}, lease["fencing_token"])  # both stores, one lease
-        assert _xcoms(dr, "publish")["return_value"]["rows"] == 3
-
-        # A newer holder of the day's lock wrote both stores: the next run's (older) lease is refused.
-        newer = Fence(f"sales:{day}", lease["fencing_token"] + 10**9)
-        with FencedSQL(engine).begin(f"sales:{day}", newer) as conn:
-            conn.execute(sales.update().where(sales.c.day == day).values(fencing_token=newer.fencing_token))
-        lake.publish(newer, {"sales.csv": b"region,amount\n"})
-        dr = dagbag.get_dag("volcano_fenced_lake").test(run_conf={"day": day})
-        assert _states(dr) == {"publish": "failed"}
-        assert stored() == ({newer.fencing_token}, newer.fencing_token)
-        with pytest.raises(StaleFencingToken), engine.begin() as conn:  # what the task was refused with
-            FencedSQL(engine).claim(conn, f"sales:{day}", lease)
-    finally:
-        with engine.begin() as conn:
-            conn.execute(sales.delete().where(sales.c.day == day))
-        engine.dispose()
+    # A newer holder of the day's lock wrote both stores: the next run's (older) lease is refused.
+    newer = stores.overtake(day, lease["fencing_token"] + 10**9)
+    dr = dagbag.get_dag("volcano_fenced_lake").test(run_conf={"day": day})
+    assert _states(dr) == {"publish": "failed"}
+    assert stores.stored(day) == ({newer.fencing_token}, newer.fencing_token)
+    with pytest.raises(StaleFencingToken), stores.engine.begin() as conn:  # what the task was refused with
+        FencedSQL(stores.engine).claim(conn, f"sales:{day}", lease)

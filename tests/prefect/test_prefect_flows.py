@@ -13,7 +13,7 @@ from prefect_flow_modules import FLOWS_DIR, load_flow_module
 
 from prefect_volcano import SKIPPED_STATE_NAME, LockedResult
 from volcano_locks import VolcanoLocks
-from volcano_locks.fencing import Fence, FencedTable, StaleFencingToken
+from volcano_locks.fencing import FencedTable, StaleFencingToken
 
 pytestmark = pytest.mark.usefixtures("volcano_env")
 
@@ -120,59 +120,25 @@ def test_a_flow_runs_as_a_script(
     assert "'fencing_token':" in proc.stdout
 
 
-@pytest.mark.parametrize("warehouse", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def test_fenced_lake_publishes_to_the_warehouse_and_the_lake_under_one_lease(
-    warehouse: str,
-    unique_key: str,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    s3_server: Any,
-    request: pytest.FixtureRequest,
+    unique_key: str, example_stores: Any
 ) -> None:
-    import sqlalchemy as sa
-
     module = load_flow_module("fenced_lake")
-    url = (
-        f"sqlite:///{tmp_path / 'warehouse.sqlite3'}"
-        if warehouse == "sqlite"
-        else request.getfixturevalue("pg_sqlalchemy_url")
-    )
-    bucket = s3_server.bucket()
-    for name, value in {
-        **s3_server.env(),
-        "VOLCANO_EXAMPLES_SQLALCHEMY_URL": url,
-        "VOLCANO_EXAMPLES_S3_ENDPOINT": s3_server.url,
-        "VOLCANO_EXAMPLES_S3_BUCKET": bucket,
-    }.items():
-        monkeypatch.setenv(name, value)
-    day, sales = unique_key, module.daily_sales
-    engine = sa.create_engine(url)
+    day, stores = unique_key, example_stores
+    first = module.fenced_lake(day)
+    assert first["rows"] == 3 and stores.stored(day) == ({first["fencing_token"]}, first["fencing_token"])
+    assert stores.lake(day).read("sales.csv").decode().splitlines()[0] == "region,amount"
+    second = module.fenced_lake(day)
+    assert second["fencing_token"] > first["fencing_token"]
+    assert stores.stored(day) == (
+        {second["fencing_token"]},
+        second["fencing_token"],
+    )  # the day replaced, whole
 
-    def stored() -> tuple[set[int], int | None]:
-        with engine.connect() as conn:
-            tokens = conn.execute(sa.select(sales.c.fencing_token).where(sales.c.day == day)).scalars().all()
-        current = module.lake(day).current()
-        return set(tokens), None if current is None else current.fencing_token
-
-    try:
-        first = module.fenced_lake(day)
-        assert first["rows"] == 3 and stored() == ({first["fencing_token"]}, first["fencing_token"])
-        assert module.lake(day).read("sales.csv").decode().splitlines()[0] == "region,amount"
-        second = module.fenced_lake(day)
-        assert second["fencing_token"] > first["fencing_token"]
-        assert stored() == ({second["fencing_token"]}, second["fencing_token"])  # the day replaced, whole
-
-        # A newer holder of the day's lock publishes to both stores; this lease is now the stale one.
-        newer = Fence(f"sales:{day}", second["fencing_token"] + 10**9)
-        with module.FencedSQL(engine).begin(f"sales:{day}", newer) as conn:
-            conn.execute(sales.update().where(sales.c.day == day).values(fencing_token=newer.fencing_token))
-        module.lake(day).publish(newer, {"sales.csv": b"region,amount\n"})
-        state = module.fenced_lake(day, return_state=True)
-        assert state.is_failed()
-        with pytest.raises(StaleFencingToken, match=f"sales:{day}"):
-            state.result()
-        assert stored() == ({newer.fencing_token}, newer.fencing_token)  # nothing of the refused run
-    finally:
-        with engine.begin() as conn:
-            conn.execute(sales.delete().where(sales.c.day == day))
-        engine.dispose()
+    # A newer holder of the day's lock publishes to both stores; this lease is now the stale one.
+    newer = stores.overtake(day, second["fencing_token"] + 10**9)
+    state = module.fenced_lake(day, return_state=True)
+    assert state.is_failed()
+    with pytest.raises(StaleFencingToken, match=f"sales:{day}"):
+        state.result()
+    assert stores.stored(day) == ({newer.fencing_token}, newer.fencing_token)  # nothing of the refused run
