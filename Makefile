@@ -27,12 +27,12 @@ $(UV):
 
 $(AIRFLOW_ENV)/.synced: pyproject.toml uv.lock | $(UV)
 	@echo ">> building the Airflow environment ($(AIRFLOW_ENV)) from uv.lock; the first time takes a minute or two"
-	UV_PROJECT_ENVIRONMENT=$(AIRFLOW_ENV) $(UV) sync --frozen --extra airflow
+	UV_PROJECT_ENVIRONMENT=$(AIRFLOW_ENV) $(UV) sync --frozen --extra airflow --extra fencing-sql --extra fencing-s3
 	touch $@
 
 $(PREFECT_ENV)/.synced: pyproject.toml uv.lock | $(UV)
 	@echo ">> building the Prefect environment ($(PREFECT_ENV)) from uv.lock; the first time takes a minute or two"
-	UV_PROJECT_ENVIRONMENT=$(PREFECT_ENV) $(UV) sync --frozen --extra prefect
+	UV_PROJECT_ENVIRONMENT=$(PREFECT_ENV) $(UV) sync --frozen --extra prefect --extra fencing-sql --extra fencing-s3
 	touch $@
 
 envs: $(AIRFLOW_ENV)/.synced $(PREFECT_ENV)/.synced
@@ -59,6 +59,7 @@ demo: envs
 bench: envs
 	$(PREFECT_ENV)/bin/python bench/bench_server.py
 	$(PREFECT_ENV)/bin/python bench/bench_core.py
+	$(PREFECT_ENV)/bin/python bench/bench_fencing.py
 	$(PREFECT_ENV)/bin/python bench/bench_waiting.py
 	$(PREFECT_ENV)/bin/python bench/bench_prefect.py
 	$(AIRFLOW_ENV)/bin/python bench/bench_airflow.py
@@ -83,7 +84,7 @@ dist: | $(UV)
 	$(UV) build --no-sources --out-dir $(DIST_DIR)
 	for extra in airflow prefect; do \
 	  $(UV) export --quiet --frozen --no-hashes --no-header --no-annotate --no-default-groups --no-emit-project \
-	    --extra $$extra --output-file $(DIST_DIR)/constraints-$$extra.txt || exit 1; \
+	    --extra $$extra --extra fencing-sql --extra fencing-s3 --output-file $(DIST_DIR)/constraints-$$extra.txt || exit 1; \
 	done
 
 clean:

@@ -7,12 +7,18 @@ import re
 import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pg_select
 import pytest
 
+from tests.s3_server import MotoServer
 from volcano_locks import VolcanoLocks
 from volcano_locks.server.harness import LocalServer
+
+if TYPE_CHECKING:
+    from tests.fenced_examples import ExampleStores
 
 # pytester runs whole sessions against this conftest (tests/server/test_harness.py).
 pytest_plugins = ["pytester"]
@@ -82,3 +88,44 @@ def pg_dsn() -> Iterator[str]:
             message = f"{choice.reason}, but the container did not start: {type(exc).__name__}: {exc}"
             pg_select.unavailable(message, choice.required)
         yield dsn
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
+    """moto's S3-compatible server (``python -m moto.server``) as its own process on a free loopback port.
+
+    One per session; take a fresh bucket per test with ``s3_server.bucket()``. Stopped at session end.
+    """
+    log = tmp_path_factory.mktemp("moto") / "moto.log"
+    with MotoServer(log=log) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def pg_sqlalchemy_url(pg_dsn: str) -> str:
+    """``pg_dsn`` as a SQLAlchemy URL on the psycopg 3 driver the environments have."""
+    return "postgresql+psycopg://" + pg_dsn.split("://", 1)[1]
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def example_stores(
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    s3_server: MotoServer,
+) -> Iterator[ExampleStores]:
+    """The fenced-lake examples' warehouse (SQLite, then PostgreSQL) and bucket, set in VOLCANO_EXAMPLES_*."""
+    from tests.fenced_examples import ExampleStores  # SQLAlchemy only for the tests that use it
+
+    url = (
+        f"sqlite:///{tmp_path / 'warehouse.sqlite3'}"
+        if request.param == "sqlite"
+        else request.getfixturevalue("pg_sqlalchemy_url")
+    )
+    stores = ExampleStores(url, s3_server)
+    for name, value in stores.env.items():
+        monkeypatch.setenv(name, value)
+    try:
+        yield stores
+    finally:
+        stores.close()

@@ -16,6 +16,7 @@ from volcano_locks.fencing import FencedTable
 DAGS = Path(__file__).resolve().parents[2] / "dags"
 TESTED = {
     "volcano_daily_rollup",
+    "volcano_fenced_lake",
     "volcano_migration",
     "volcano_regional_refresh",
     "volcano_taskflow_pipeline",
@@ -325,3 +326,25 @@ def test_warehouse_swap_waits_deferred_for_a_holder_then_runs_under_a_newer_toke
     assert fencing > held.fencing_token
     assert {w.fencing_token for w in FencedTable.from_env().history()} == {fencing}
     assert not outside.get(unique_key).held
+
+
+def test_fenced_lake_writes_the_warehouse_and_the_lake_under_the_tasks_lease(
+    dagbag, volcano_conn, unique_key, example_stores
+) -> None:
+    from volcano_locks.fencing import FencedSQL, StaleFencingToken
+
+    day, stores = unique_key, example_stores
+    dr = dagbag.get_dag("volcano_fenced_lake").test(run_conf={"day": day})
+    assert dr.state == "success", _states(dr)
+    lease = _xcoms(dr, "publish")["volcano_lease"]
+    assert lease["lock_key"] == f"sales:{day}"
+    assert stores.stored(day) == ({lease["fencing_token"]}, lease["fencing_token"])  # both stores, one lease
+    assert _xcoms(dr, "publish")["return_value"]["rows"] == 3
+
+    # A newer holder of the day's lock wrote both stores: the next run's (older) lease is refused.
+    newer = stores.overtake(day, lease["fencing_token"] + 10**9)
+    dr = dagbag.get_dag("volcano_fenced_lake").test(run_conf={"day": day})
+    assert _states(dr) == {"publish": "failed"}
+    assert stores.stored(day) == ({newer.fencing_token}, newer.fencing_token)
+    with pytest.raises(StaleFencingToken), stores.engine.begin() as conn:  # what the task was refused with
+        FencedSQL(stores.engine).claim(conn, f"sales:{day}", lease)

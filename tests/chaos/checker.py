@@ -121,6 +121,8 @@ class Report:
     takeovers: list[Takeover] = field(default_factory=list)
     stops: list[StopOutcome] = field(default_factory=list)
     overlap_pairs: list[tuple[str, str]] = field(default_factory=list)
+    adapters: dict[str, Report] = field(default_factory=dict)
+    """The same run checked on each fenced adapter's own record of the writes (``adapter_stores.py``)."""
 
     def line(self) -> str:
         """Return the one-line summary."""
@@ -167,12 +169,29 @@ class Report:
             takeovers=self.takeovers + other.takeovers,
             stops=self.stops + other.stops,
             overlap_pairs=self.overlap_pairs + other.overlap_pairs,
+            adapters={
+                name: self.adapters.get(name, Report()) + other.adapters.get(name, Report())
+                for name in {**self.adapters, **other.adapters}
+            },
         )
+
+    def adapter_line(self) -> str:
+        """Return the write counts on each fenced adapter: what it accepted, refused, and any stale accept."""
+        parts = []
+        for name, r in sorted(self.adapters.items()):
+            hit = [s for s in r.stops if s.hit_section]
+            fenceable, rejected = sum(s.late_fenceable for s in hit), sum(s.late_rejected for s in hit)
+            parts.append(
+                f"{name}: writes={r.writes} rejected_writes={r.rejected} stale_accepted={r.stale_accepted} "
+                f"late_fenceable={fenceable} late_rejected={rejected}"
+            )
+        return "chaos-adapters: " + ("; ".join(parts) or "-")
 
     @property
     def ok(self) -> bool:
         """True when every promised zero is zero and no worker crashed."""
-        return not (self.overlaps or self.stale_accepted or self.late_losses or self.hangs or self.crashes)
+        stale = self.stale_accepted + sum(r.stale_accepted for r in self.adapters.values())
+        return not (self.overlaps or stale or self.late_losses or self.hangs or self.crashes)
 
 
 def sections_from_events(events: Iterable[Event], faults: Iterable[Event] = ()) -> list[Section]:

@@ -28,11 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.s3_server import MotoServer
 from volcano_locks.server.harness import LocalServer
 
+from .adapter_stores import ADAPTERS, open_stores
 from .checker import Report, check
 from .events import EventLog, clock_is_shared, read_events, read_events_dir
-from .fenced_store import open_store
 from .scheduler import Action, plan
 from .worker import HOLD_MAX
 
@@ -99,6 +100,8 @@ class ChaosRun:
         self._spawned = 0
         self._crashes = 0
         self._schema = f"chaos_{uuid.uuid4().hex[:10]}"
+        self.s3 = MotoServer(python=cfg.python, log=cfg.workdir / "moto.log")
+        self.s3_bucket = ""
 
     # -- set-up -------------------------------------------------------------------------------------------
 
@@ -127,11 +130,12 @@ class ChaosRun:
         name = f"w{n}"
         server = n % len(self.servers)
         log = self.cfg.workdir / f"worker-{name}.jsonl"
-        env = {**os.environ, **self.servers[server].env(), "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, **self.servers[server].env(), **self.s3.env(), "PYTHONUNBUFFERED": "1"}
         cmd = [
             self.cfg.python, "-m", "tests.chaos.worker",
             "--name", name, "--key", self.cfg.key, "--ttl", str(self.cfg.ttl),
             "--store", self._store_url(), "--table", self.table, "--log", str(log),
+            "--s3-bucket", self.s3_bucket,
             "--server", str(server), "--seed", str(self.cfg.seed * 1000 + n),
         ]  # fmt: skip
         interrupt = n % 3 == 1
@@ -314,8 +318,17 @@ class ChaosRun:
         if not clock_is_shared():
             raise RuntimeError("time.monotonic() is not the machine-wide CLOCK_MONOTONIC here")
         cfg = self.cfg
-        store = open_store(self._store_url(), self.table, lock_key=cfg.key)
-        store.current()  # creates the tables before the workers race to
+        self.s3.start()  # the S3-compatible store of the S3 adapter, its own process
+        try:
+            self.s3_bucket = self.s3.bucket(versioned=True)
+            stores = open_stores(
+                self._store_url(), self.table, cfg.key, self.s3_bucket, s3_endpoint=self.s3.url
+            )
+            for s in stores.values():
+                s.current()  # creates the tables before the workers race to
+        except BaseException:
+            self.s3.stop()
+            raise
         try:
             self._start_servers()
             for _ in range(cfg.workers):
@@ -338,13 +351,16 @@ class ChaosRun:
             for i in range(len(self.servers)):
                 self._collect_injected(i)
             self.driver.emit("server_injected", count=self._injected)
-            writes = [r.as_dict() for r in store.writes()]
+            writes = {name: [r.as_dict() for r in s.writes()] for name, s in stores.items()}
         finally:
-            self._cleanup(store)
+            self._cleanup(stores)
         events = read_events_dir(cfg.workdir)
         faults = list(read_events(cfg.workdir / "faults.jsonl"))
-        report = check(events, writes, faults, poll=cfg.poll)
-        (cfg.workdir / "report.txt").write_text(report.line() + "\n" + report.detail_line() + "\n")
+        report = check(events, writes["table"], faults, poll=cfg.poll)
+        # The same sections, checked on each adapter's own record of the same attempts.
+        report.adapters = {name: check(events, writes[name], faults, poll=cfg.poll) for name in ADAPTERS}
+        lines = [report.line(), report.detail_line(), report.adapter_line()]
+        (cfg.workdir / "report.txt").write_text("\n".join(lines) + "\n")
         return report
 
     def _drain(self) -> None:
@@ -367,16 +383,18 @@ class ChaosRun:
             if rc != 0:
                 self.driver.emit("crash", target=w.name, rc=rc)
 
-    def _cleanup(self, store: Any) -> None:
+    def _cleanup(self, stores: dict[str, Any]) -> None:
         for w in self.workers:
             if w.proc.poll() is None:
                 w.proc.kill()
                 w.proc.wait()
         for srv in self.servers:
             srv.close()
+        self.s3.stop()
         self.driver.close()
         if self.cfg.backend == "postgres":
-            store.drop()
+            for store in stores.values():
+                store.drop()
             try:
                 import psycopg
 
@@ -384,7 +402,8 @@ class ChaosRun:
                     conn.execute(f"DROP SCHEMA IF EXISTS {self._schema} CASCADE")
             except Exception as exc:  # leftovers are named chaos_*; say so rather than fail the run
                 print(f"chaos: could not drop schema {self._schema}: {exc}", file=sys.stderr)
-        store.close()
+        for store in stores.values():
+            store.close()
 
 
 def postgres_problem(dsn: str) -> str | None:
@@ -436,8 +455,10 @@ def main(argv: list[str] | None = None) -> int:
         report = ChaosRun(cfg).run()
         print(f"{backend}: {report.line()}")
         print(f"{backend}: {report.detail_line()}")
+        print(f"{backend}: {report.adapter_line()}")
         total = total + report
     print(total.detail_line())
+    print(total.adapter_line())
     print(total.line(), flush=True)
     return 0 if total.ok else 1
 

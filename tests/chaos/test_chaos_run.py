@@ -23,11 +23,15 @@ def _run(backend: str, tmp_path: Path, pg_dsn: str | None = None) -> Report:
         cfg.pg_dsn = pg_dsn
     report = ChaosRun(cfg).run()
     LINES.extend([f"{backend}: {report.line()}", f"{backend}: {report.detail_line()}"])
+    LINES.append(f"{backend}: {report.adapter_line()}")
     return report
 
 
 def _assert_promises(report: Report, workdir: Path) -> None:
-    where = f"logs in {workdir}\n{report.line()}\n{report.detail_line()}\noverlaps: {report.overlap_pairs}"
+    where = (
+        f"logs in {workdir}\n{report.line()}\n{report.detail_line()}\n{report.adapter_line()}\n"
+        f"overlaps: {report.overlap_pairs}"
+    )
     assert report.overlaps == 0, where
     assert report.stale_accepted == 0, where
     assert report.late_losses == 0, where
@@ -42,6 +46,17 @@ def _assert_promises(report: Report, workdir: Path) -> None:
         if stop.hit_section:
             assert stop.loss_reported, where  # the frozen holder's guard must say it lost the lock
             assert stop.late_rejected >= stop.late_fenceable, where
+    # The same attempts through each fenced adapter: none stale accepted, the frozen holder's late writes
+    # refused wherever a newer token had landed, and the adapter accepted what the shared table did.
+    assert sorted(report.adapters) == ["s3", "sql"], where
+    for adapter in report.adapters.values():
+        assert adapter.stale_accepted == 0, where
+        # Every attempt goes to each store in turn; a loss raised into a body (interrupt=True) can cut
+        # at most one attempt short between the stores.
+        assert adapter.writes > 0 and abs(adapter.writes - report.writes) <= report.losses, where
+        for stop in adapter.stops:
+            if stop.hit_section:
+                assert stop.late_rejected >= stop.late_fenceable, where
     for takeover in report.takeovers:
         # Measured and reported, not asserted tightly (shared 2-core machine): this bound only catches hangs.
         assert takeover.seconds is not None and takeover.seconds < 3 * takeover.bound, where

@@ -1,16 +1,19 @@
-"""The protected table: the fencing check and the append-only writes log, SQLite and PostgreSQL."""
+"""The protected resource in each store (the shared table, FencedSQL, FencedS3Prefix): the fencing check and
+the record of every attempt that the checker reads, on SQLite and PostgreSQL (S3: moto)."""
 
 from __future__ import annotations
 
 import random
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from .adapter_stores import S3Store, SqlStore
 from .checker import check
-from .fenced_store import FencedStore, open_store
+from .fenced_store import open_store
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -20,15 +23,29 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return str(request.getfixturevalue("chaos_pg_dsn"))
 
 
+@pytest.fixture(params=["table", "sql", "s3"])
+def opener(request: pytest.FixtureRequest, store_url: str, chaos_table: str) -> Callable[[], Any]:
+    """Opens the resource in one store kind (each call a new handle on the same resource)."""
+    if request.param == "table":
+        return lambda: open_store(store_url, chaos_table)
+    if request.param == "sql":
+        return lambda: SqlStore(store_url, chaos_table, "chaos")
+    if "sqlite" not in request.node.callspec.id:
+        pytest.skip("the S3 store does not depend on the database: run once")
+    server = request.getfixturevalue("s3_server")
+    bucket = server.bucket(versioned=True)
+    return lambda: S3Store(server.client(), bucket, chaos_table, "chaos")
+
+
 @pytest.fixture
-def store(store_url: str, chaos_table: str) -> Iterator[FencedStore]:
-    s = open_store(store_url, chaos_table)
+def store(opener: Callable[[], Any]) -> Iterator[Any]:
+    s = opener()
     yield s
     s.drop()
     s.close()
 
 
-def test_fencing_rejects_lower_tokens_and_records_every_attempt(store: FencedStore) -> None:
+def test_fencing_rejects_lower_tokens_and_records_every_attempt(store: Any) -> None:
     big = 4503599627370497  # tokens are 64-bit; this one does not fit a double exactly
     assert store.write(5, "a", writer="w0", cs=0)
     assert store.write(5, "b", writer="w0", cs=0)  # the same lease writes again
@@ -48,14 +65,15 @@ def test_fencing_rejects_lower_tokens_and_records_every_attempt(store: FencedSto
     assert [(r.writer, r.cs) for r in rows] == [("w0", 0), ("w0", 0), ("w1", 0), ("w2", 1), ("w3", 0)]
 
 
-def test_concurrent_writers_never_get_a_stale_write_accepted(store_url: str, chaos_table: str) -> None:
+def test_concurrent_writers_never_get_a_stale_write_accepted(opener: Callable[[], Any]) -> None:
     """Writers race with shuffled tokens on separate connections; table order must stay monotonic."""
-    setup = open_store(store_url, chaos_table)
+    setup = opener()
+    setup.current()  # creates the tables before the writers race to
     errors: list[BaseException] = []
 
     def writer(n: int) -> None:
         try:
-            s = open_store(store_url, chaos_table)
+            s = opener()
             rng = random.Random(n)
             for _ in range(40):
                 s.write(rng.randrange(1, 200), f"w{n}", writer=f"w{n}", cs=0)

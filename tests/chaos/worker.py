@@ -6,7 +6,9 @@ where ``ps`` would show them.
 
 Behaviour, per critical section: enter ``with_lock(key, ttl, on_contention="wait")``, log ``start``, then
 every ``interval`` seconds check the guard and write once to the protected table with the lease's fencing
-token, until the hold time is up or the guard reports loss; log ``end``. A well-behaved body checks
+token, until the hold time is up or the guard reports loss; log ``end``. Each write goes to every store of
+``adapter_stores.open_stores``: the shared FencedTable, FencedSQL and (given ``--s3-bucket``) FencedS3Prefix.
+A well-behaved body checks
 ``guard.lost`` before each write. The one exception is the write right after a SIGCONT: it models a
 process frozen between its check and its write (GC pause, VM steal), so it goes out unchecked and is logged
 ``late``; fencing must reject it if a newer holder has written.
@@ -29,8 +31,8 @@ from typing import Any
 
 from volcano_locks import LockContention, OwnershipLost, VolcanoError, VolcanoLocks, WaitTimeout
 
+from .adapter_stores import open_stores
 from .events import EventLog
-from .fenced_store import open_store
 
 __all__ = ["FROZEN_JUMP", "HOLD_MAX", "main"]
 
@@ -61,6 +63,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ttl", type=int, default=5)
     p.add_argument("--store", required=True, help="SQLite path or postgresql:// DSN of the protected table")
     p.add_argument("--table", required=True)
+    p.add_argument(
+        "--s3-bucket",
+        default="",
+        help="bucket of the fenced S3 adapter (endpoint: $VOLCANO_TEST_S3_ENDPOINT)",
+    )
     p.add_argument("--log", required=True, type=Path)
     p.add_argument("--server", type=int, default=0, help="index of the server this worker talks to")
     p.add_argument("--seed", type=int, default=0)
@@ -82,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     flags = _Flags()
     rng = random.Random(args.seed)
     log = EventLog(args.log, args.name)
-    stores = [open_store(args.store, args.table, lock_key=args.key)]
+    stores = open_stores(args.store, args.table, args.key, args.s3_bucket)
 
     def on_term(signum: int, frame: FrameType | None) -> None:
         flags.stop = True
@@ -131,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
                     flags.waiting = False
                     entered = True
                     current["guard"] = guard
-                    _body(guard, args, cs, rng, flags, log, stores[0])
+                    _body(guard, args, cs, rng, flags, log, stores)
                 flags.waiting = False
                 log.emit("outcome", cs=cs, result="released", error=None)
             except _Stop:
@@ -140,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
                 flags.waiting = False
                 log.emit("outcome", cs=cs if entered else None, result="lost", error=type(exc).__name__)
                 if flags.in_write:
-                    stores[0] = _reopen(stores[0], args, flags)
+                    stores = _reopen(stores, args, flags)
             except (LockContention, WaitTimeout) as exc:
                 flags.waiting = False
                 log.emit("outcome", cs=None, result="contention", error=type(exc).__name__)
@@ -160,25 +167,27 @@ def main(argv: list[str] | None = None) -> int:
                     raise
                 # OwnershipLost landed inside the database driver and surfaced as its own error.
                 log.emit("outcome", cs=cs, result="lost", error=type(exc).__name__)
-                stores[0] = _reopen(stores[0], args, flags)
+                stores = _reopen(stores, args, flags)
             if not flags.stop:
                 time.sleep(rng.uniform(*args.think))
     except _Stop:
         pass
     log.emit("exit")
     client.close()
-    stores[0].close()
+    for store in stores.values():
+        store.close()
     log.close()
     return 0
 
 
-def _reopen(store: Any, args: argparse.Namespace, flags: _Flags) -> Any:
-    """Interrupted inside a write: the transaction was rolled back, but the connection may have been cut
-    mid-protocol, so start afresh."""
+def _reopen(stores: dict[str, Any], args: argparse.Namespace, flags: _Flags) -> dict[str, Any]:
+    """Interrupted inside a write: the transaction was rolled back (a publish's upload deleted), but a
+    connection may have been cut mid-protocol, so start afresh."""
     flags.in_write = False
-    with contextlib.suppress(Exception):
-        store.close()
-    return open_store(args.store, args.table, lock_key=args.key)
+    for store in stores.values():
+        with contextlib.suppress(Exception):
+            store.close()
+    return open_stores(args.store, args.table, args.key, args.s3_bucket)
 
 
 def _body(
@@ -188,7 +197,7 @@ def _body(
     rng: random.Random,
     flags: _Flags,
     log: EventLog,
-    store: Any,
+    stores: dict[str, Any],
 ) -> None:
     lease = guard.lease
     token = lease.fencing_token
@@ -208,13 +217,19 @@ def _body(
             if not late and (lost or flags.stop or time.monotonic() >= until):
                 break
             flags.in_write = True
-            accepted = store.write(token, f"{args.name}:{cs}:{n}", writer=args.name, cs=cs, late=late)
+            value = f"{args.name}:{cs}:{n}"
+            # The same attempt through every store: the shared table first, then each adapter.
+            verdicts = {
+                name: store.write(token, value, writer=args.name, cs=cs, late=late)
+                for name, store in stores.items()
+            }
             flags.in_write = False
             log.emit(
                 "write",
                 cs=cs,
                 token=token,
-                accepted=accepted,
+                accepted=verdicts["table"],
+                adapters={name: ok for name, ok in verdicts.items() if name != "table"},
                 deadline=guard.lease.local_deadline,
                 lost=lost,
                 late=late,

@@ -17,7 +17,7 @@ from volcano_locks.fencing import FencedTable, StaleFencingToken
 
 pytestmark = pytest.mark.usefixtures("volcano_env")
 
-TESTED = {"leader_rollup", "regional_fanout", "fenced_pipeline", "nightly_pipeline"}
+TESTED = {"leader_rollup", "regional_fanout", "fenced_pipeline", "nightly_pipeline", "fenced_lake"}
 
 
 def test_every_flow_has_a_test() -> None:
@@ -118,3 +118,27 @@ def test_a_flow_runs_as_a_script(
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "'fencing_token':" in proc.stdout
+
+
+def test_fenced_lake_publishes_to_the_warehouse_and_the_lake_under_one_lease(
+    unique_key: str, example_stores: Any
+) -> None:
+    module = load_flow_module("fenced_lake")
+    day, stores = unique_key, example_stores
+    first = module.fenced_lake(day)
+    assert first["rows"] == 3 and stores.stored(day) == ({first["fencing_token"]}, first["fencing_token"])
+    assert stores.lake(day).read("sales.csv").decode().splitlines()[0] == "region,amount"
+    second = module.fenced_lake(day)
+    assert second["fencing_token"] > first["fencing_token"]
+    assert stores.stored(day) == (
+        {second["fencing_token"]},
+        second["fencing_token"],
+    )  # the day replaced, whole
+
+    # A newer holder of the day's lock publishes to both stores; this lease is now the stale one.
+    newer = stores.overtake(day, second["fencing_token"] + 10**9)
+    state = module.fenced_lake(day, return_state=True)
+    assert state.is_failed()
+    with pytest.raises(StaleFencingToken, match=f"sales:{day}"):
+        state.result()
+    assert stores.stored(day) == ({newer.fencing_token}, newer.fencing_token)  # nothing of the refused run

@@ -1,4 +1,4 @@
-"""Fenced writes: a table that accepts a write only with a fencing token at least as new as the stored one.
+"""A ready-made fenced table of (resource, value) rows: a write needs a token no older than the stored one.
 
 A lease cannot stop a holder whose renewal stalled past ``expires_at``: it may still be running when the
 next holder takes over. The protected store is what keeps its late writes out. :class:`FencedTable`
@@ -31,30 +31,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from volcano_locks.errors import ErrorCode, VolcanoError
+from volcano_locks.fencing._fence import StaleFencingToken
 
-__all__ = ["FencedTable", "FencedWrite", "StaleFencingToken"]
+__all__ = ["FencedTable", "FencedWrite"]
 
 _IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,50}$")
-
-
-class StaleFencingToken(VolcanoError, RuntimeError):
-    """A write carried a fencing token older than the stored one: its writer lost the lock.
-
-    Part of the one error tree (a :class:`~volcano_locks.errors.VolcanoError` with code
-    ``stale_fencing_token``); still a ``RuntimeError`` for code written before it was.
-    """
-
-    def __init__(self, resource: str, fencing_token: int, stored: FencedWrite | None) -> None:
-        held = f"fencing token {stored.fencing_token} of lock {stored.lock_key!r}" if stored else "nothing"
-        super().__init__(
-            f"stale write to {resource!r} rejected: fencing token {fencing_token} is older than the stored "
-            f"{held}; the writer no longer holds the lock",
-            code=ErrorCode.STALE_FENCING_TOKEN,
-        )
-        self.resource = resource
-        self.fencing_token = fencing_token
-        self.stored = stored
 
 
 @dataclass(frozen=True)
@@ -144,7 +125,7 @@ class FencedTable:
     ) -> None:
         """Like :meth:`write`, but raise :class:`StaleFencingToken` when the write is refused."""
         if not self.write(resource, lock_key, fencing_token, value, writer=writer):
-            raise StaleFencingToken(resource, fencing_token, self.read(resource))
+            raise StaleFencingToken(resource, fencing_token, self.read(resource), lock_key=lock_key)
 
     def read(self, resource: str) -> FencedWrite | None:
         """Return the write that ``resource`` holds now, if any."""

@@ -1,0 +1,93 @@
+"""A real process writing through a fenced adapter, for test_fenced_takeover and test_fenced_concurrency.
+
+Run from the repository root as ``python -m tests.core.fenced_adapter_worker MODE ADAPTER KEY NAME ...`` with
+VOLCANO_* (the lock server) and FENCED_* (the store, see ``fenced_adapters``) in the environment.
+
+- ``stall ADAPTER KEY NAME GO``: hold KEY (TTL 5 s), print ``{"held": token}``, then wait for the file GO
+  (the test SIGSTOPs the process meanwhile, past the TTL, and a successor writes). Then write once without
+  checking the guard: a process frozen between its check and its write. Print ``{"accepted": true}`` or
+  ``{"refused": stored_token, "resource": ...}``.
+- ``contend ADAPTER KEY NAME THREADS ITERATIONS``: THREADS threads, each ITERATIONS times: take KEY through
+  ``with_lock`` and write once with the guard's lease. Print one ``{"accepted": [tokens]}`` line at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from volcano_locks import LockContention, VolcanoError, VolcanoLocks
+from volcano_locks.fencing import StaleFencingToken
+
+from .fenced_adapters import s3_prefix_from_env, s3_publish, sql_target_from_env
+
+RESOURCE = "fenced-adapter"
+
+
+def writer_for(adapter: str, name: str) -> Any:
+    """A function ``(lease, writer) -> None`` writing once through ``adapter`` ("sql" or "s3")."""
+    if adapter == "sql":
+        target = sql_target_from_env(name)
+        return lambda lease, writer: target.write(RESOURCE, lease, writer, pause=0.005)
+    prefix = s3_prefix_from_env(name)
+    return lambda lease, writer: s3_publish(prefix, lease, writer)
+
+
+def stall(adapter: str, key: str, name: str, go: Path) -> None:
+    write = writer_for(adapter, name)
+    with VolcanoLocks() as client:
+        try:
+            with client.with_lock(key, 5) as guard:
+                print(json.dumps({"held": guard.fencing_token}), flush=True)
+                while not go.exists():
+                    time.sleep(0.05)
+                try:
+                    write(guard.lease, f"stalled-{os.getpid()}")
+                    print(json.dumps({"accepted": True, "lost": guard.lost}), flush=True)
+                except StaleFencingToken as exc:
+                    print(json.dumps({"refused": exc.stored_token, "resource": exc.resource}), flush=True)
+        except VolcanoError:
+            pass  # the guard lost the lease while frozen: with_lock says so on the way out
+
+
+def contend(adapter: str, key: str, name: str, threads: int, iterations: int) -> None:
+    write = writer_for(adapter, name)
+    accepted: list[int] = []
+
+    def run(i: int) -> None:
+        rng = random.Random()
+        done = 0
+        with VolcanoLocks() as client:
+            while done < iterations:
+                try:
+                    with client.with_lock(key, 5) as guard:
+                        write(guard.lease, f"{os.getpid()}-{i}")
+                        accepted.append(guard.lease.fencing_token)
+                    done += 1
+                except LockContention:
+                    time.sleep(rng.uniform(0.005, 0.03))
+
+    workers = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    print(json.dumps({"accepted": accepted}), flush=True)
+
+
+def main() -> None:
+    mode, adapter, key, name, *rest = sys.argv[1:]
+    if mode == "stall":
+        stall(adapter, key, name, Path(rest[0]))
+    else:
+        contend(adapter, key, name, int(rest[0]), int(rest[1]))
+
+
+if __name__ == "__main__":
+    main()
