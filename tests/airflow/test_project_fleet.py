@@ -53,6 +53,7 @@ def _collect(stream: IO[str], into: list[dict[str, Any]]) -> threading.Thread:
     return thread
 
 
+@pytest.mark.timeout(900)
 def test_six_triggerers_and_a_line_of_twenty_leave_five_holders_their_locks(
     quota_server: LocalServer, unique_key: str, tmp_path: Path
 ) -> None:
@@ -70,6 +71,7 @@ def test_six_triggerers_and_a_line_of_twenty_leave_five_holders_their_locks(
     line: list[dict[str, Any]] = []
     procs: list[subprocess.Popen[str]] = []
     released: dict[str, float] = {}
+    readers: list[threading.Thread] = []
     try:
         with holders(srv, unique_key) as holders_lost:
             started = time.time()
@@ -79,7 +81,7 @@ def test_six_triggerers_and_a_line_of_twenty_leave_five_holders_their_locks(
                 proc = subprocess.Popen(cmd, env=trigger_env, stdout=subprocess.PIPE, text=True)
                 procs.append(proc)
                 assert proc.stdout is not None
-                _collect(proc.stdout, events)
+                readers.append(_collect(proc.stdout, events))
             waiters = [
                 subprocess.Popen(
                     [sys.executable, str(WAITER), "--key", line_key, "--hold", "1", "--timeout", "400"],
@@ -90,7 +92,6 @@ def test_six_triggerers_and_a_line_of_twenty_leave_five_holders_their_locks(
                 for _ in range(LINE)
             ]
             procs += waiters
-            readers = []
             for w in waiters:
                 assert w.stdout is not None
                 readers.append(_collect(w.stdout, line))
@@ -113,6 +114,11 @@ def test_six_triggerers_and_a_line_of_twenty_leave_five_holders_their_locks(
                 proc.terminate()
         for proc in procs:
             proc.wait(timeout=30)
+        for reader in readers:  # each ends at its pipe's end of file
+            reader.join(10)
+        for proc in procs:
+            if proc.stdout is not None:
+                proc.stdout.close()
 
     assert holders_lost == []
     assert refused_keeping(srv) == []

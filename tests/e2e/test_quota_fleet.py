@@ -129,6 +129,7 @@ def test_twenty_waiting_processes_on_one_key_cost_the_holder_nothing(
     assert len(while_held) / ((held_until - held_from) / 60) <= 200
 
 
+@pytest.mark.timeout(600)
 def test_holders_spending_half_the_quota_keep_their_locks_beside_six_waiting_processes(
     quota_server: LocalServer, unique_key: str
 ) -> None:
