@@ -23,7 +23,8 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from datetime import UTC, datetime
 from types import TracebackType
@@ -147,6 +148,22 @@ class _Base:
 
     def _closed_error(self, call: Call) -> TransportError:
         return TransportError(f"{call.op}: the client is closed", request_id=call.request_id)
+
+    @contextmanager
+    def _acquisition(self, key: str, token: str | None, request_id: str | None) -> Iterator[Attempt]:
+        """One acquisition's token and request id; if it ends uncertain, hand it to the clean-up."""
+        attempt = Attempt.start(token, request_id)
+        try:
+            yield attempt
+        except BaseException as exc:
+            if attempt.abandoned(exc):
+                self.abandon(key, attempt.token, attempt.request_id)
+            raise
+
+    def _acquire_flow(self, key: str, ttl: int, attempt: Attempt) -> Flow[LockLease]:
+        return protocol.acquire_flow(
+            key, ttl, token=attempt.token, request_id=attempt.request_id, secrets=self._secrets
+        )
 
     def abandon(self, key: str, token: str, request_id: str) -> None:
         """Give up an acquisition of ``key`` whose outcome is unknown: release ``token``'s lease if it lands.
@@ -298,18 +315,8 @@ class VolcanoLocks(_Base):
         Raises:
             LockContention: Another live lease holds the key (``OwnershipLost`` if it was this token's).
         """
-        attempt = Attempt.start(token, request_id)
-        try:
-            return self._drive(
-                protocol.acquire_flow(
-                    key, ttl, token=attempt.token, request_id=attempt.request_id, secrets=self._secrets
-                ),
-                attempt,
-            )
-        except BaseException as exc:
-            if attempt.abandoned(exc):
-                self._reaper.add(key, attempt.token, attempt.request_id)
-            raise
+        with self._acquisition(key, token, request_id) as attempt:
+            return self._drive(self._acquire_flow(key, ttl, attempt), attempt)
 
     def renew(
         self, key: str, lease: LockLease, ttl: int | None = None, *, request_id: str | None = None
@@ -520,18 +527,8 @@ class AsyncVolcanoLocks(_Base):
         An uncertain or cancelled acquisition is released behind the caller as in
         :meth:`VolcanoLocks.acquire` (only when the client made the token).
         """
-        attempt = Attempt.start(token, request_id)
-        try:
-            return await self._drive(
-                protocol.acquire_flow(
-                    key, ttl, token=attempt.token, request_id=attempt.request_id, secrets=self._secrets
-                ),
-                attempt,
-            )
-        except BaseException as exc:
-            if attempt.abandoned(exc):
-                self._reaper.add(key, attempt.token, attempt.request_id)
-            raise
+        with self._acquisition(key, token, request_id) as attempt:
+            return await self._drive(self._acquire_flow(key, ttl, attempt), attempt)
 
     async def renew(
         self, key: str, lease: LockLease, ttl: int | None = None, *, request_id: str | None = None

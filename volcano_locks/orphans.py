@@ -34,6 +34,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Generic, TypeVar
 
 from volcano_locks.errors import ProtocolError, ServerError, TransportError, Unavailable, VolcanoError
 from volcano_locks.models import LockLease
@@ -157,7 +158,26 @@ def _report(orphan: Orphan, exc: BaseException | None) -> None:
         logger.warning("releasing abandoned acquisition of %r failed: %r", orphan.key, exc)
 
 
-class SyncReaper:
+R = TypeVar("R")
+
+
+class _Reaper(Generic[R]):
+    """What both reapers hold: the release call, its timeout, the clock and the ledger of orphans."""
+
+    def __init__(
+        self,
+        release: Callable[[Orphan, float | None], R],
+        timeout: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._release = release
+        self._timeout = timeout
+        self._clock = clock
+        self._ledger = Ledger()
+        self._closing = False
+
+
+class SyncReaper(_Reaper[None]):
     """Releases a sync client's orphans on one named daemon thread, started when there is one."""
 
     def __init__(
@@ -166,13 +186,9 @@ class SyncReaper:
         timeout: float,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._release = release
-        self._timeout = timeout
-        self._clock = clock
-        self._ledger = Ledger()
+        super().__init__(release, timeout, clock)
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
-        self._closing = False
 
     def add(self, key: str, token: str, request_id: str) -> None:
         """Release ``token``'s lease of ``key`` now and on the schedule (ignored once closed)."""
@@ -239,7 +255,7 @@ class SyncReaper:
             thread.join(2 * self._timeout + 1.0)
 
 
-class AsyncReaper:
+class AsyncReaper(_Reaper[Awaitable[None]]):
     """Releases an async client's orphans from one task on the loop that gave them up."""
 
     def __init__(
@@ -248,13 +264,9 @@ class AsyncReaper:
         timeout: float,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._release = release
-        self._timeout = timeout
-        self._clock = clock
-        self._ledger = Ledger()
+        super().__init__(release, timeout, clock)
         self._task: asyncio.Task[None] | None = None
         self._wake: asyncio.Event | None = None
-        self._closing = False
 
     def add(self, key: str, token: str, request_id: str) -> None:
         """Release ``token``'s lease of ``key`` now and on the schedule (call from the client's loop)."""
