@@ -15,6 +15,7 @@ import pytest
 
 from tests.s3_server import MotoServer
 from volcano_locks import VolcanoLocks
+from volcano_locks.governor import Governor
 from volcano_locks.server.harness import LocalServer
 
 if TYPE_CHECKING:
@@ -34,6 +35,12 @@ def volcano_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSe
     db = tmp_path_factory.mktemp("volcano-server") / "locks.sqlite3"
     with LocalServer(db=str(db), admin=True, quota=1_000_000) as srv:
         yield srv
+
+
+@pytest.fixture(autouse=True)
+def _fresh_governors() -> None:
+    """Each test waits as a new process would: what earlier tests spent is not its budget's debt."""
+    Governor.reset_all()
 
 
 @pytest.fixture(autouse=True)

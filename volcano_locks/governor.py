@@ -232,10 +232,15 @@ class Governor:
         self._rng = rng
         self._wall = wall
         self._budget = validate_wait_budget(wait_budget)
-        start = self._budget * START_SHARE if start_rate is None else start_rate
+        self._start_rate = start_rate
+        self._start()
+
+    def _start(self) -> None:
+        """Everything a governor learns, as a fresh process knows it (no lock: construction or reset)."""
+        start = self._budget * START_SHARE if self._start_rate is None else self._start_rate
         self._rate = max(self._floor(), min(float(self._budget), start))
         self._tokens = self._capacity()
-        self._updated = clock()
+        self._updated = self._clock()
         self._blocked_until = -math.inf
         self._cut_until = -math.inf  # lease-clock end of the window whose 429 cut the rate
         self._sent: Counter[str] = Counter()
@@ -243,7 +248,7 @@ class Governor:
         self._limited: Counter[str] = Counter()
         self._windows_cut = 0
         # The current window (by the wall clock) and what this process sent in it.
-        self._window = self._window_of(wall())
+        self._window = self._window_of(self._wall())
         self._window_sent = 0
         self._window_waiting = 0
         self._window_limited = False
@@ -275,6 +280,19 @@ class Governor:
             elif explicit is not None:
                 governor.set_wait_budget(explicit)
         return governor
+
+    @classmethod
+    def reset_all(cls) -> None:
+        """Make every governor of this process start afresh: rate, bucket, blackout and counts.
+
+        For test suites, where each test stands for a new process; the governors stay the same
+        objects, so clients already built keep theirs. Budgets set so far are kept.
+        """
+        with cls._registry_lock:
+            governors = list(cls._registry.values())
+        for governor in governors:
+            with governor._lock:
+                governor._start()
 
     @property
     def wait_budget(self) -> int:
