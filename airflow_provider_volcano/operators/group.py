@@ -35,6 +35,7 @@ from airflow_provider_volcano.operators.lock import (
     VolcanoLockOperator,
     _Handoff,
     _holder_facts,
+    wait_policy,
 )
 
 if TYPE_CHECKING:
@@ -115,6 +116,7 @@ class VolcanoLockGroupAcquireOperator(VolcanoLockOperator):
 
         client = self.hook.get_client()
         token = self._token(context, nonce)
+        self._waiter, self._reported_at = self._identity(context, nonce), 0.0
 
         def attempt(wait: bool, request_id: str, remaining: float | None) -> LockLease:
             if wait:
@@ -125,6 +127,7 @@ class VolcanoLockGroupAcquireOperator(VolcanoLockOperator):
                     token=token,
                     poll=self.poll_interval,
                     on_waiting=self._still_waiting,
+                    policy=wait_policy(),
                 )
             return client.acquire(self.lock_key, self.ttl, token=token, request_id=request_id)
 
@@ -140,6 +143,8 @@ class VolcanoLockGroupAcquireOperator(VolcanoLockOperator):
                 return self._contended(client, exc, context, deadline, nonce, handoff)
             except InvalidRequest as exc:
                 raise AirflowFailException(f"Invalid lock request for {self.lock_key!r}: {exc}") from None
+        if handoff is not None:
+            self._handoff_done(lease)
         if handoff is not None and lease.fencing_token != handoff.fencing_token:
             self.log.warning(
                 "The handoff of lock %r lapsed: this task resumed %s after its trigger acquired the "
