@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import dataclasses
 import hashlib
 import logging
@@ -74,7 +75,9 @@ class _HandoffWatch:
     """
 
     key: str
-    waiters: dict[int, tuple[TaskIdentity, Any]] = dataclasses.field(default_factory=dict)
+    waiters: dict[int, tuple[TaskIdentity, Any, contextvars.Context]] = dataclasses.field(
+        default_factory=dict
+    )
     users: int = 0
     record: HandoffRecord | None = None
     state: object = None
@@ -98,15 +101,17 @@ class _HandoffWatch:
         return await asyncio.shield(self.read)
 
     def unusable_because(self, record: HandoffRecord) -> str | None:
-        for waiter, _log in list(self.waiters.values()):
+        for waiter, _log, _context in list(self.waiters.values()):
             reason = unusable_because(record, self.state, waiter)
             if reason is not None:
                 return reason
         return None
 
     def log_info(self, line: str) -> None:
-        for _waiter, log in list(self.waiters.values()):
-            log.info("%s", line)
+        """Log ``line`` in every waiting trigger's context: the triggerer routes it to each task's log."""
+        logger.info("%s", line)
+        for _waiter, log, context in list(self.waiters.values()):
+            context.run(log.info, "%s", line)
 
 
 _WATCHES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, _HandoffWatch]] = (
@@ -124,7 +129,7 @@ async def _look_at_handoffs(watch: _HandoffWatch, client: AsyncVolcanoLocks, ser
     while True:
         record = await sync_to_async(read_record)(watch.key)
         watch.record = record
-        if record is not None and all(record.owner != w for w, _ in list(watch.waiters.values())):
+        if record is not None and all(record.owner != w for w, _, _ in list(watch.waiters.values())):
             watch.state = await sync_to_async(owner_state)(record.owner)
             reason = watch.unusable_because(record)
             if reason is not None:
@@ -156,9 +161,13 @@ async def _handoff_watch(
     watch.users += 1
     ticket = id(object()) if waiter is None else id(waiter)
     if waiter is not None:
-        watch.waiters[ticket] = (waiter, log)
+        watch.waiters[ticket] = (waiter, log, contextvars.copy_context())
         if watch.task is None:
-            watch.task = asyncio.create_task(_look_at_handoffs(watch, client, service_key))
+            # Not in this trigger's context (the triggerer routes log lines by it): the watch serves
+            # every trigger on the key, and outlives this one if others still wait.
+            watch.task = asyncio.create_task(
+                _look_at_handoffs(watch, client, service_key), context=contextvars.Context()
+            )
     try:
         yield watch
     finally:

@@ -12,6 +12,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -60,6 +61,34 @@ class Stack:
     def __init__(self, home: Path, env: dict[str, str]) -> None:
         self.home, self.env = home, env
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.url = ""  # the api-server's base URL
+
+    def rest(self, method: str, path: str, body: object = None, *, token: str = "") -> Any:
+        """Call the api-server's public REST API (``/api/v2/...``, or ``/auth/token``); return the JSON."""
+        request = urllib.request.Request(
+            self.url + path,
+            data=None if body is None else json.dumps(body).encode(),
+            method=method,
+            headers={
+                "Content-Type": "application/json",
+                **({"Authorization": f"Bearer {token}"} if token else {}),
+            },
+        )
+        with urllib.request.urlopen(request, timeout=60) as response:
+            text = response.read().decode()
+        return json.loads(text) if text else None
+
+    def wait_for_api(self, timeout: float = 180) -> None:
+        """Wait until the api-server answers its health check."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.alive()
+            try:
+                self.rest("GET", "/api/v2/monitor/health")
+                return
+            except OSError:
+                assert time.monotonic() < deadline, "the api-server never answered"
+                time.sleep(1)
 
     def start(self, name: str, *args: str) -> None:
         """Start ``airflow <args>`` in its own session, its output in ``<home>/<name>.out``."""
@@ -97,6 +126,10 @@ class Stack:
             time.sleep(1)
         self.cli("dags", "unpause", dag_id)
 
+    def output(self, name: str) -> str:
+        """What the process ``name`` (e.g. ``scheduler``) wrote so far."""
+        return (self.home / f"{name}.out").read_text(errors="replace")
+
     def logs(self, run_id: str | None = None) -> str:
         """The text of every task log file (of one run, if ``run_id`` is given)."""
         return "\n".join(
@@ -127,11 +160,20 @@ class Stack:
 
 
 @contextmanager
-def running_stack(airflow_db: Path, tmp_path: Path, dags: Path = DAGS) -> Iterator[Stack]:
+def running_stack(
+    airflow_db: Path,
+    tmp_path: Path,
+    dags: Path = DAGS,
+    *,
+    apps: str = "execution",
+    extra_env: dict[str, str] | None = None,
+) -> Iterator[Stack]:
     """An api-server, dag processor, scheduler (LocalExecutor) and triggerer on a copy of the session's DB.
 
     The Volcano connection comes from the environment (``AIRFLOW_CONN_VOLCANO_DEFAULT``); the example DAGs
-    write to ``<tmp_path>/examples.sqlite``. ``dags`` is the DAGs folder (default: the examples).
+    write to ``<tmp_path>/examples.sqlite``. ``dags`` is the DAGs folder (default: the examples);
+    ``apps`` the api-server's apps (``all`` serves the public REST API too); ``extra_env`` is added to
+    every process's environment.
     """
     home = tmp_path / "airflow-home"
     home.mkdir()
@@ -153,12 +195,12 @@ def running_stack(airflow_db: Path, tmp_path: Path, dags: Path = DAGS) -> Iterat
         "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
         "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "1",
         "VOLCANO_EXAMPLES_DB": str(tmp_path / "examples.sqlite"),
+        **(extra_env or {}),
     }
     stack = Stack(home, env)
+    stack.url = f"http://127.0.0.1:{port}"
     try:
-        stack.start(
-            "api-server", "api-server", "--apps", "execution", "-H", "127.0.0.1", "-p", str(port), "-w", "1"
-        )
+        stack.start("api-server", "api-server", "--apps", apps, "-H", "127.0.0.1", "-p", str(port), "-w", "1")
         stack.start("dag-processor", "dag-processor")
         stack.start("scheduler", "scheduler")
         stack.start("triggerer", "triggerer")
