@@ -293,8 +293,17 @@ def run_in_group(op: VolcanoLockOperator, context: Context) -> Any:
             timing=KeeperTiming(request_timeout=renewal_timeout(client.timeout, ttl)),
         )
         keeper.start()
+        from airflow_provider_volcano._supervision import SupervisorGone
+
         try:
-            result = op._call(context, lease)
+            with op._supervised(context):
+                result = op._call(context, lease)
+        except SupervisorGone:
+            raise VolcanoLockLost(
+                f"The task's supervisor is gone: task {op.task_id!r} stopped its body and stopped "
+                f"renewing the group's lock {key!r} (fencing token {fencing}); the group's release task "
+                "or its ttl ends the lease"
+            ) from None
         finally:
             keeper.stop()
         loss: OwnershipLost | None = keeper.loss

@@ -280,6 +280,33 @@ class VolcanoLockOperator(BaseOperator):
     def _run_locked(
         self, context: Context, deadline: float | None, nonce: str, handoff: _Handoff | None = None
     ) -> Any:
+        """Wait for, hold and run under the lock, for as long as the task's supervisor lives."""
+        from airflow_provider_volcano._supervision import SupervisorGone
+
+        try:
+            with self._supervised(context):
+                return self._hold_and_run(context, deadline, nonce, handoff)
+        except SupervisorGone:
+            raise VolcanoLockLost(
+                f"The task's supervisor is gone: the task stopped its body and gave up lock "
+                f"{self.lock_key!r} (see the line before)"
+            ) from None
+
+    def _supervised(self, context: Context) -> Any:
+        """A :class:`~airflow_provider_volcano._supervision.SupervisorWatch` for this try."""
+        from airflow_provider_volcano._supervision import SupervisorWatch, task_log_file
+
+        def what() -> str:
+            guard = self._active
+            lease = getattr(guard, "lease", None)
+            held = f" (fencing token {lease.fencing_token})" if lease is not None else ""
+            return f"lock {self.lock_key!r}{held}"
+
+        return SupervisorWatch(self.log, what, task_log_file(context["ti"]))
+
+    def _hold_and_run(
+        self, context: Context, deadline: float | None, nonce: str, handoff: _Handoff | None = None
+    ) -> Any:
         from volcano_locks import ConflictError, InvalidRequest, OwnershipLost, WaitTimeout
 
         client = self.hook.get_client()
