@@ -18,6 +18,7 @@ lapses within its TTL.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -119,8 +120,14 @@ class SupervisorWatch:
         self.end_process(EXIT_CODE)
 
     def _say(self, line: str) -> None:
-        self.log.error("%s", line)
-        print(line, file=sys.stderr, flush=True)
+        """Write ``line`` to the task's log file first: the supervisor that relayed logs is gone, and
+        writing to its socket or pipes may fail (a broken pipe must not stop the watch)."""
+        self._append(line)
+        for say in (lambda: self.log.error("%s", line), lambda: print(line, file=sys.stderr, flush=True)):
+            with contextlib.suppress(Exception):  # the channel to the dead supervisor is broken
+                say()
+
+    def _append(self, line: str) -> None:
         if self.log_file is None:
             return
         entry = {
@@ -133,4 +140,5 @@ class SupervisorWatch:
             with self.log_file.open("a", encoding="utf-8") as out:
                 out.write(json.dumps(entry) + "\n")
         except OSError as exc:
-            print(f"could not append to the task log {self.log_file}: {exc}", file=sys.stderr, flush=True)
+            with contextlib.suppress(Exception):
+                print(f"could not append to the task log {self.log_file}: {exc}", file=sys.stderr, flush=True)

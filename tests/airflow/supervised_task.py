@@ -4,7 +4,8 @@
 ``task``) as its child in a session of its own, as Airflow's supervisor forks a task that outlives it,
 and sleeps. The task runs ``VolcanoLockOperator`` on ``<key>`` (ttl 5 s) with a body that either works in
 short steps (``mode=steps``) or sits in one long C call (``mode=stuck``), and writes its pid, its parent's
-pid and the fencing token to ``<state_file>`` once it holds the lock.
+pid and the fencing token to ``<state_file>`` once it holds the lock, and how it ended to
+``<state_file>.ended``. Its stdout and stderr are pipes to the supervisor, as in Airflow.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ def _task(key: str, mode: str, state_file: str) -> None:
     try:
         op.execute({"ti": ti})  # type: ignore[arg-type]
     except BaseException as exc:
-        print(f"task ended: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        # Not to stdout or stderr: they are pipes to the supervisor, which is dead by now.
+        Path(state_file + ".ended").write_text(f"task ended: {type(exc).__name__}: {exc}")
         raise SystemExit(3) from None
 
 
@@ -49,13 +51,19 @@ def main() -> None:
     if role == "task":
         _task(key, mode, state_file)
         return
+    # The task's stdout and stderr are pipes this process reads, as Airflow's supervisor's are: once it
+    # is killed, the task's writes to them fail (a broken pipe).
+    task = subprocess.Popen(
+        [sys.executable, __file__, "task", key, mode, state_file],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    assert task.stdout is not None
     with open(state_file + ".task.out", "wb") as out:
-        subprocess.Popen(
-            [sys.executable, __file__, "task", key, mode, state_file],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        for line in task.stdout:
+            out.write(line)
+            out.flush()
     time.sleep(600)
 
 

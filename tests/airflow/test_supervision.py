@@ -91,8 +91,10 @@ def test_a_task_whose_supervisor_is_killed_stops_its_body_and_releases(
     (line,) = [e for e in _log_lines(tmp_path) if "supervisor" in e]
     assert f"The task's supervisor (pid {parent}) is gone" in line
     assert f"gives up lock {unique_key!r} (fencing token {fencing})" in line
-    out = (tmp_path / "state.task.out").read_text()
-    assert "VolcanoLockLost: The task's supervisor is gone" in out, out
+    # It ended on the interrupt: VolcanoLockLost, or a broken pipe where a log line after the release
+    # was written to the dead supervisor's pipe (the release came first, as the server's log shows).
+    ended = (tmp_path / "state.ended").read_text()
+    assert "VolcanoLockLost: The task's supervisor is gone" in ended or "BrokenPipeError" in ended, ended
 
 
 def test_a_body_that_cannot_be_interrupted_ends_the_process_and_the_lease_lapses(

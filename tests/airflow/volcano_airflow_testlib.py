@@ -62,6 +62,7 @@ class Stack:
         self.home, self.env = home, env
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.url = ""  # the api-server's base URL
+        self.pg_dsn = ""  # the metadata database, when it is PostgreSQL (else SQLite in home)
 
     def rest(self, method: str, path: str, body: object = None, *, token: str = "") -> Any:
         """Call the api-server's public REST API (``/api/v2/...``, or ``/auth/token``); return the JSON."""
@@ -110,7 +111,12 @@ class Stack:
         return done.stdout
 
     def query(self, sql: str, *params: Any) -> list[tuple[Any, ...]]:
-        """Read the metadata database."""
+        """Read the metadata database (``?`` placeholders, on SQLite and PostgreSQL alike)."""
+        if self.pg_dsn:
+            import psycopg
+
+            with psycopg.connect(self.pg_dsn, autocommit=True) as pg:
+                return [tuple(row) for row in pg.execute(sql.replace("?", "%s"), params).fetchall()]
         conn = sqlite3.connect(self.home / "airflow.db", timeout=30)
         try:
             return conn.execute(sql, params).fetchall()
@@ -207,3 +213,86 @@ def running_stack(
         yield stack
     finally:
         stack.stop()
+
+
+PG_ADMIN_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=test"
+CELERY_REDIS_DB = 7  # this suite's own Redis database number (flushed before each Celery stack)
+
+
+@contextmanager
+def running_celery_stack(
+    airflow_db: Path, tmp_path: Path, dags: Path, queues: dict[str, str]
+) -> Iterator[Stack]:
+    """An api-server, dag processor, scheduler (CeleryExecutor), triggerer and one Celery worker per queue.
+
+    The metadata database is a PostgreSQL database of its own (``af_celery_<random>``, dropped after);
+    the broker and the result backend are Redis database ``CELERY_REDIS_DB`` on 127.0.0.1:6379.
+    ``queues`` maps a worker's name to the queue it serves (its process is ``stack.procs[name]``).
+    """
+    import uuid
+
+    import psycopg
+    import redis
+
+    name = f"af_celery_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    broker = f"redis://127.0.0.1:6379/{CELERY_REDIS_DB}"
+    redis.Redis.from_url(broker).flushdb()
+    home = tmp_path / "airflow-home"
+    home.mkdir()
+    shutil.copy(airflow_db / "airflow.cfg", home / "airflow.cfg")  # same JWT secret for every process
+    port = free_port()
+    env = {
+        **os.environ,
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}",
+        "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+        "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
+        "AIRFLOW__CORE__PARALLELISM": "4",
+        "AIRFLOW__CELERY__BROKER_URL": broker,
+        "AIRFLOW__CELERY__RESULT_BACKEND": broker,
+        "AIRFLOW__CELERY__WORKER_CONCURRENCY": "1",
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
+        "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
+        "AIRFLOW__API__PORT": str(port),
+        "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(home / "logs"),
+        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+        "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
+        "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "20",
+        "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5",
+        "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "1",
+        "VOLCANO_EXAMPLES_DB": str(tmp_path / "examples.sqlite"),
+    }
+    stack = Stack(home, env)
+    stack.pg_dsn = f"host=127.0.0.1 port=5432 user=postgres dbname={name}"
+    stack.url = f"http://127.0.0.1:{port}"
+    try:
+        stack.cli("db", "migrate")
+        stack.start(
+            "api-server", "api-server", "--apps", "execution", "-H", "127.0.0.1", "-p", str(port), "-w", "1"
+        )
+        stack.start("dag-processor", "dag-processor")
+        stack.start("scheduler", "scheduler")
+        stack.start("triggerer", "triggerer")
+        for worker, queue in queues.items():
+            stack.start(
+                worker,
+                "celery",
+                "worker",
+                "--queues",
+                queue,
+                "--concurrency",
+                "1",
+                "--skip-serve-logs",
+                "--celery-hostname",
+                f"{worker}@%h",
+                "--without-gossip",
+                "--without-mingle",
+            )
+        yield stack
+    finally:
+        stack.stop()
+        redis.Redis.from_url(broker).flushdb()
+        with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
