@@ -185,12 +185,22 @@ def write_record(record: HandoffRecord, logger: logging.Logger | Any = log) -> b
     return True
 
 
-def clear_record(lock_key: str, fencing_token: int, logger: logging.Logger | Any = log) -> None:
-    """Delete the handoff record of ``lock_key`` if it still names ``fencing_token`` (best effort)."""
+def clear_record(
+    lock_key: str,
+    fencing_token: int | None,
+    logger: logging.Logger | Any = log,
+    *,
+    owner: TaskIdentity | None = None,
+) -> None:
+    """Delete the handoff record of ``lock_key`` if it names ``fencing_token`` or ``owner`` (best effort).
+
+    The resumed task passes itself as ``owner`` too: after a lapsed handoff it holds a newer lease than
+    the record names, and the record must not outlive its resume.
+    """
     from airflow.sdk import Variable
 
     record = read_record(lock_key)
-    if record is None or record.fencing_token != fencing_token:
+    if record is None or (record.fencing_token != fencing_token and record.owner != owner):
         return
     try:
         Variable.delete(record_key(lock_key))

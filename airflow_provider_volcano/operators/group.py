@@ -131,7 +131,8 @@ class VolcanoLockGroupAcquireOperator(VolcanoLockOperator):
                 )
             return client.acquire(self.lock_key, self.ttl, token=token, request_id=request_id)
 
-        with contextlib.closing(client):
+        with contextlib.closing(client), contextlib.ExitStack() as looks:
+            looks.callback(self._close_look_client)
             try:
                 lease = self._acquire_with(client, deadline, attempt)
             except WaitTimeout as exc:

@@ -185,6 +185,7 @@ class VolcanoLockOperator(BaseOperator):
         self._killed = False
         self._waiter: TaskIdentity | None = None  # the try waiting (frees stranded handoffs)
         self._reported_at = 0.0  # when the last "Still waiting" line was written (seconds waited)
+        self._look_client: VolcanoLocks | None = None  # for the looks at handoffs during an in-slot wait
 
     # -- helpers ---------------------------------------------------------------------------------
 
@@ -380,6 +381,7 @@ class VolcanoLockOperator(BaseOperator):
             raise
         finally:
             self._active = self._body_thread = None
+            self._close_look_client()
 
     def _enter(
         self, stack: contextlib.ExitStack, client: VolcanoLocks, token: str, deadline: float | None
@@ -475,14 +477,19 @@ class VolcanoLockOperator(BaseOperator):
         """
         if waited < 1.0:
             return  # the wait's start is announced by _acquire_with, with how to defer instead
-        client = self.hook.get_client()
-        with contextlib.closing(client):
+        if self._look_client is None:
+            self._look_client = self.hook.get_client()  # its own: the waiting client is mid-call
+        client = self._look_client
+        try:
             record, state = self._look_at_handoff(client)
-            if waited - self._reported_at < REPORT_EVERY:
-                return
-            self._reported_at = waited
-            if holder is None or holder.fencing_token is None or holder.expires_at is None:
-                holder = self._holder(client)  # a refused acquisition says neither who nor until when
+        except Exception as exc:  # never let a look end the wait; say so and wait on
+            self.log.warning("Looking at the handoff record of lock %r failed: %s", self.lock_key, exc)
+            record, state = None, None
+        if waited - self._reported_at < REPORT_EVERY:
+            return
+        self._reported_at = waited
+        if holder is None or holder.fencing_token is None or holder.expires_at is None:
+            holder = self._holder(client)  # a refused acquisition says neither who nor until when
         from airflow_provider_volcano.triggers.lock import waiting_facts
 
         self.log.info(
@@ -529,11 +536,16 @@ class VolcanoLockOperator(BaseOperator):
         wake(self.lock_key)
         return None, state
 
+    def _close_look_client(self) -> None:
+        client, self._look_client = self._look_client, None
+        if client is not None:
+            client.close()
+
     def _handoff_done(self, lease: LockLease) -> None:
         """The resumed task holds the trigger's lease: it is no longer a handoff (delete the record)."""
         from airflow_provider_volcano._handoff import clear_record
 
-        clear_record(self.lock_key, lease.fencing_token, self.log)
+        clear_record(self.lock_key, lease.fencing_token, self.log, owner=self._waiter)
 
     def _lost(self, exc: BaseException | None) -> VolcanoLockLost:
         why = "the task was killed and released it" if self._killed else str(exc)

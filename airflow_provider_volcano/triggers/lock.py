@@ -120,33 +120,42 @@ _WATCHES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, _Handof
 
 
 async def _look_at_handoffs(watch: _HandoffWatch, client: AsyncVolcanoLocks, service_key: str) -> None:
+    """Look at the key's handoff record every few seconds until cancelled (see :class:`_HandoffWatch`)."""
+    watches = _WATCHES.get(asyncio.get_running_loop(), {})
+    while True:
+        try:
+            await _look_once(watch, client, service_key)
+        except Exception:  # a watch that dies silently would strand its waiters again: say so, go on
+            logger.exception("looking at the handoff record of lock %r failed; looking again", watch.key)
+        await asyncio.sleep(max(LOOK_EVERY, len(watches) / _RECORD_READS_PER_SECOND))
+
+
+async def _look_once(watch: _HandoffWatch, client: AsyncVolcanoLocks, service_key: str) -> None:
+    """One look: read the record, ask for its owner's state, free the lease if the owner cannot use it."""
     from asgiref.sync import sync_to_async
 
     from volcano_locks import ConflictError, VolcanoError
     from volcano_locks.waiting import wake
 
-    watches = _WATCHES.get(asyncio.get_running_loop(), {})
-    while True:
-        record = await sync_to_async(read_record)(watch.key)
-        watch.record = record
-        if record is not None and all(record.owner != w for w, _, _ in list(watch.waiters.values())):
-            watch.state = await sync_to_async(owner_state)(record.owner)
-            reason = watch.unusable_because(record)
-            if reason is not None:
-                token = derive_token(service_key, record.owner, watch.key)
-                try:
-                    await client.release(watch.key, lease_of(record, token))
-                    watch.log_info(released_line(record, reason))
-                except ConflictError:
-                    pass  # that try's lease is gone already (lapsed or released)
-                except VolcanoError as exc:
-                    logger.warning("Could not release the stranded handoff of lock %r: %s", watch.key, exc)
-                    record = None  # try again at the next look
-                if record is not None:
-                    await sync_to_async(clear_record)(watch.key, record.fencing_token, logger)
-                    watch.record = None
-                    wake(watch.key)
-        await asyncio.sleep(max(LOOK_EVERY, len(watches) / _RECORD_READS_PER_SECOND))
+    record = await sync_to_async(read_record)(watch.key)
+    watch.record = record
+    if record is not None and all(record.owner != w for w, _, _ in list(watch.waiters.values())):
+        watch.state = await sync_to_async(owner_state)(record.owner)
+        reason = watch.unusable_because(record)
+        if reason is not None:
+            token = derive_token(service_key, record.owner, watch.key)
+            try:
+                await client.release(watch.key, lease_of(record, token))
+                watch.log_info(released_line(record, reason))
+            except ConflictError:
+                pass  # that try's lease is gone already (lapsed or released)
+            except VolcanoError as exc:
+                logger.warning("Could not release the stranded handoff of lock %r: %s", watch.key, exc)
+                record = None  # try again at the next look
+            if record is not None:
+                await sync_to_async(clear_record)(watch.key, record.fencing_token, logger)
+                watch.record = None
+                wake(watch.key)
 
 
 @asynccontextmanager

@@ -479,6 +479,7 @@ def test_a_wait_in_the_worker_slot_reports_every_minute_naming_the_holder(
     for line, after in zip(lines, ("after 61 s", "after 122 s"), strict=True):
         assert after in line and facts in line, line
         assert "not a handoff" in line, line
+    op._close_look_client()  # what the end of a wait does
     outside.release(unique_key, held)
 
 
