@@ -22,6 +22,7 @@ import os
 import shutil
 import signal
 import time
+import urllib.error
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -170,17 +171,23 @@ def _released_line(stack: Stack, run_id: str, key: str, fencing: int, reason: st
 
 
 def test_marked_failed_at_the_handoff_the_next_waiter_runs_within_seconds(
-    stack: Stack, outside: VolcanoLocks, unique_key: str
+    stack: Stack, volcano_conn, outside: VolcanoLocks, unique_key: str
 ) -> None:
     held, runs = _two_waiters(stack, outside, unique_key, "failed")
     scheduler = stack.procs["scheduler"]
     try:
         owner, other, fencing = _at_the_handoff(stack, outside, unique_key, held, runs)
+        # The handoff record, as the REST API shows it: whose handoff, which lease, nothing secret.
+        token = _token(stack)
+        variable = stack.rest("GET", f"/api/v2/variables/volcano_lock_handoff:{unique_key}", token=token)
+        record = json.loads(variable["value"])
+        assert record["fencing_token"] == fencing and record["owner"]["run_id"] == owner, record
+        assert volcano_conn.service_key not in variable["value"]
         stack.rest(
             "PATCH",
             f"/api/v2/dags/{DAG_ID}/dagRuns/{owner}/taskInstances/hold",
             {"new_state": "failed"},
-            token=_token(stack),
+            token=token,
         )
         assert _ti_state(stack, owner)[0] == "failed"
         took = _freed(outside, unique_key, fencing, time.monotonic())
@@ -215,6 +222,10 @@ def test_cleared_at_the_handoff_the_next_waiter_and_the_cleared_task_both_run(
     assert _ti_state(stack, owner)[1] == 2
     _released_line(stack, other, unique_key, fencing, "(its task instance was cleared)")
     assert not outside.get(unique_key).held
+    # No record outlives its handoff: the freed one was deleted, the later ones by their resumed tasks.
+    with pytest.raises(urllib.error.HTTPError) as missing:
+        stack.rest("GET", f"/api/v2/variables/volcano_lock_handoff:{unique_key}", token=_token(stack))
+    assert missing.value.code == 404
 
 
 def test_a_resumed_try_that_fails_before_its_body_frees_its_handoff(

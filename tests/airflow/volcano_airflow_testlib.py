@@ -12,6 +12,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -75,8 +76,12 @@ class Stack:
                 **({"Authorization": f"Bearer {token}"} if token else {}),
             },
         )
-        with urllib.request.urlopen(request, timeout=60) as response:
-            text = response.read().decode()
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                text = response.read().decode()
+        except urllib.error.HTTPError as exc:
+            exc.close()  # its response holds a socket
+            raise
         return json.loads(text) if text else None
 
     def wait_for_api(self, timeout: float = 180) -> None:
