@@ -27,7 +27,8 @@ $(UV):
 
 $(AIRFLOW_ENV)/.synced: pyproject.toml uv.lock | $(UV)
 	@echo ">> building the Airflow environment ($(AIRFLOW_ENV)) from uv.lock; the first time takes a minute or two"
-	UV_PROJECT_ENVIRONMENT=$(AIRFLOW_ENV) $(UV) sync --frozen --extra airflow --extra fencing-sql --extra fencing-s3
+	UV_PROJECT_ENVIRONMENT=$(AIRFLOW_ENV) $(UV) sync --frozen --extra airflow --extra fencing-sql --extra fencing-s3 \
+	  --group airflow-celery
 	touch $@
 
 $(PREFECT_ENV)/.synced: pyproject.toml uv.lock | $(UV)

@@ -3,9 +3,11 @@
 The setup task (:class:`VolcanoLockGroupAcquireOperator`) acquires the lock, waiting for it as
 :class:`~airflow_provider_volcano.operators.lock.VolcanoLockOperator` does (deferred in the triggerer
 when ``deferrable``), and leaves the lease held for the group: its public facts and the setup try's
-owner identity (dag, task, run, map index, try and the random nonce; nothing secret) go to XCom.
-Every member task (``VolcanoLockOperator(lock_group=...)`` or ``@task.volcano_lock(lock_group=...)``)
-derives the same ownership token from that identity and the connection's service key, checks the
+owner identity (dag, task, run, map index, try and the random nonce; nothing secret) go to XCom,
+sealed with a MAC keyed by the service key. Every member task (``VolcanoLockOperator(lock_group=...)``
+or ``@task.volcano_lock(lock_group=...)``) verifies the seal and that the owner is its own run's
+acquire task (XCom is writable through the REST API: an entry a user wrote is refused), derives the
+same ownership token from that identity and the connection's service key, checks the
 lease when it starts (an idempotent re-acquire, which must keep the group's fencing token) and renews
 it while it runs. The teardown task (:class:`VolcanoLockGroupReleaseOperator`) releases it after the
 last task, also when a task failed (Airflow's teardown semantics). Between tasks nobody renews, so
@@ -33,6 +35,7 @@ from airflow_provider_volcano.operators.lock import (
     VolcanoLockOperator,
     _Handoff,
     _holder_facts,
+    wait_policy,
 )
 
 if TYPE_CHECKING:
@@ -58,12 +61,31 @@ def _nothing() -> None:
     """The acquire task runs no callable of its own: the group's tasks are the work."""
 
 
-def _group_token(hook: VolcanoHook, group: Mapping[str, Any]) -> str:
-    from airflow_provider_volcano._tokens import TaskIdentity, derive_token
+def _group_token(hook: VolcanoHook, group: Mapping[str, Any], context: Context, acquire_task_id: str) -> str:
+    """The group's ownership token, derived only from an XCom its acquire task sealed for this run.
 
-    return derive_token(
-        hook.config.service_key, TaskIdentity.from_dict(group["owner"]), str(group["lock_key"])
-    )
+    :raises AirflowFailException: the XCom is forged or copied from another run (names what differs).
+    """
+    from airflow_provider_volcano._tokens import ForgedGroup, derive_token, verify_group
+
+    ti = context["ti"]
+    map_index = getattr(ti, "map_index", -1)
+    try:
+        owner = verify_group(
+            hook.config.service_key,
+            group,
+            dag_id=str(ti.dag_id),
+            run_id=str(ti.run_id),
+            acquire_task_id=acquire_task_id,
+            map_index=-1 if map_index is None else int(map_index),
+        )
+    except ForgedGroup as exc:
+        raise AirflowFailException(
+            f"Refusing the lock group's XCom {GROUP_XCOM_KEY!r} of task {acquire_task_id!r} for lock "
+            f"{group.get('lock_key')!r}: {exc}. Only the group's acquire task writes it; an entry "
+            "created or patched through the REST API never yields the group's lease."
+        ) from None
+    return derive_token(hook.config.service_key, owner, str(group["lock_key"]))
 
 
 def _pull_group(context: Context, acquire_task_id: str) -> dict[str, Any] | None:
@@ -94,6 +116,7 @@ class VolcanoLockGroupAcquireOperator(VolcanoLockOperator):
 
         client = self.hook.get_client()
         token = self._token(context, nonce)
+        self._waiter, self._reported_at = self._identity(context, nonce), 0.0
 
         def attempt(wait: bool, request_id: str, remaining: float | None) -> LockLease:
             if wait:
@@ -104,10 +127,12 @@ class VolcanoLockGroupAcquireOperator(VolcanoLockOperator):
                     token=token,
                     poll=self.poll_interval,
                     on_waiting=self._still_waiting,
+                    policy=wait_policy(),
                 )
             return client.acquire(self.lock_key, self.ttl, token=token, request_id=request_id)
 
-        with contextlib.closing(client):
+        with contextlib.closing(client), contextlib.ExitStack() as looks:
+            looks.callback(self._close_look_client)
             try:
                 lease = self._acquire_with(client, deadline, attempt)
             except WaitTimeout as exc:
@@ -119,6 +144,8 @@ class VolcanoLockGroupAcquireOperator(VolcanoLockOperator):
                 return self._contended(client, exc, context, deadline, nonce, handoff)
             except InvalidRequest as exc:
                 raise AirflowFailException(f"Invalid lock request for {self.lock_key!r}: {exc}") from None
+        if handoff is not None:
+            self._handoff_done(lease)
         if handoff is not None and lease.fencing_token != handoff.fencing_token:
             self.log.warning(
                 "The handoff of lock %r lapsed: this task resumed %s after its trigger acquired the "
@@ -132,7 +159,11 @@ class VolcanoLockGroupAcquireOperator(VolcanoLockOperator):
             )
         facts = lease.public_dict()
         owner = self._identity(context, nonce).as_dict()  # public: useless without the service key
-        context["ti"].xcom_push(key=GROUP_XCOM_KEY, value={**facts, "ttl": self.ttl, "owner": owner})
+        from airflow_provider_volcano._tokens import seal_group
+
+        group = {**facts, "ttl": self.ttl, "owner": owner}
+        group["seal"] = seal_group(self.hook.config.service_key, group)  # a MAC, not a secret
+        context["ti"].xcom_push(key=GROUP_XCOM_KEY, value=group)
         self.log.info(
             "Holding lock %r for the group (fencing token %s, ttl %s s, owner %s); its member tasks "
             "renew it while they run and the group's release task releases it",
@@ -181,7 +212,7 @@ class VolcanoLockGroupReleaseOperator(BaseOperator):
         # Release sends only the ownership token; the other fields describe the lease as acquired.
         lease = LockLease(
             key=key,
-            token=_group_token(hook, group),
+            token=_group_token(hook, group, context, self.acquire_task_id),
             expires_at=datetime.fromisoformat(group["expires_at"]),
             fencing_token=int(group["fencing_token"]),
             ttl=int(group["ttl"]),
@@ -229,7 +260,7 @@ def run_in_group(op: VolcanoLockOperator, context: Context) -> Any:
     key, fencing, ttl = str(group["lock_key"]), int(group["fencing_token"]), int(group["ttl"])
     op.lock_key = key
     client = op.hook.get_client()
-    token = _group_token(op.hook, group)
+    token = _group_token(op.hook, group, context, acquire_task_id)
 
     def attempt(wait: bool, request_id: str, remaining: float | None) -> LockLease:
         # An idempotent re-acquire: extends the group's lease to ttl from now if it is still ours.
@@ -263,8 +294,17 @@ def run_in_group(op: VolcanoLockOperator, context: Context) -> Any:
             timing=KeeperTiming(request_timeout=renewal_timeout(client.timeout, ttl)),
         )
         keeper.start()
+        from airflow_provider_volcano._supervision import SupervisorGone
+
         try:
-            result = op._call(context, lease)
+            with op._supervised(context):
+                result = op._call(context, lease)
+        except SupervisorGone:
+            raise VolcanoLockLost(
+                f"The task's supervisor is gone: task {op.task_id!r} stopped its body and stopped "
+                f"renewing the group's lock {key!r} (fencing token {fencing}); the group's release task "
+                "or its ttl ends the lease"
+            ) from None
         finally:
             keeper.stop()
         loss: OwnershipLost | None = keeper.loss

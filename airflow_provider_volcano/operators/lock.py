@@ -22,9 +22,11 @@ from volcano_locks.protocol import MAX_TTL, validate_key, validate_poll, validat
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
+    from airflow_provider_volcano._handoff import HandoffRecord
     from airflow_provider_volcano._tokens import TaskIdentity
     from airflow_provider_volcano.hooks.volcano import VolcanoHook
     from volcano_locks import ConflictError, LockGuard, LockLease, LockState, VolcanoLocks
+    from volcano_locks.waiting import WaitPolicy
 
 __all__ = ["VolcanoLockContended", "VolcanoLockLost", "VolcanoLockOperator"]
 
@@ -35,6 +37,8 @@ DEFAULT_HANDOFF_TTL = 300
 """Seconds a lease the trigger acquired waits for its task to resume (see the operator's docstring)."""
 HANDOFF_GROWTH_CAP = 4
 """A lapsed handoff is retried with a longer allowance, at most this many times ``handoff_ttl``."""
+REPORT_EVERY = 60.0
+"""Seconds between two "Still waiting" lines of a wait in the worker slot."""
 _T = TypeVar("_T")
 _MAX_BACKOFF = 30.0  # the longest pause between two tries against an unreachable API (as the trigger)
 
@@ -179,6 +183,9 @@ class VolcanoLockOperator(BaseOperator):
         self._active: Any = None  # the guard of the running block, for on_kill
         self._body_thread: int | None = None
         self._killed = False
+        self._waiter: TaskIdentity | None = None  # the try waiting (frees stranded handoffs)
+        self._reported_at = 0.0  # when the last "Still waiting" line was written (seconds waited)
+        self._look_client: VolcanoLocks | None = None  # for the looks at handoffs during an in-slot wait
 
     # -- helpers ---------------------------------------------------------------------------------
 
@@ -274,11 +281,39 @@ class VolcanoLockOperator(BaseOperator):
     def _run_locked(
         self, context: Context, deadline: float | None, nonce: str, handoff: _Handoff | None = None
     ) -> Any:
+        """Wait for, hold and run under the lock, for as long as the task's supervisor lives."""
+        from airflow_provider_volcano._supervision import SupervisorGone
+
+        try:
+            with self._supervised(context):
+                return self._hold_and_run(context, deadline, nonce, handoff)
+        except SupervisorGone:
+            raise VolcanoLockLost(
+                f"The task's supervisor is gone: the task stopped its body and gave up lock "
+                f"{self.lock_key!r} (see the line before)"
+            ) from None
+
+    def _supervised(self, context: Context) -> Any:
+        """A :class:`~airflow_provider_volcano._supervision.SupervisorWatch` for this try."""
+        from airflow_provider_volcano._supervision import SupervisorWatch, task_log_file
+
+        def what() -> str:
+            guard = self._active
+            lease = getattr(guard, "lease", None)
+            held = f" (fencing token {lease.fencing_token})" if lease is not None else ""
+            return f"lock {self.lock_key!r}{held}"
+
+        return SupervisorWatch(self.log, what, task_log_file(context["ti"]))
+
+    def _hold_and_run(
+        self, context: Context, deadline: float | None, nonce: str, handoff: _Handoff | None = None
+    ) -> Any:
         from volcano_locks import ConflictError, InvalidRequest, OwnershipLost, WaitTimeout
 
         client = self.hook.get_client()
         entered = False
         guard: LockGuard | None = None
+        self._waiter, self._reported_at = self._identity(context, nonce), 0.0
         try:
             with contextlib.ExitStack() as stack:
                 stack.callback(client.close)
@@ -296,6 +331,8 @@ class VolcanoLockOperator(BaseOperator):
                 entered = True
                 lease = guard.lease
                 assert lease is not None  # with_lock raised instead of entering without a lease
+                if handoff is not None:
+                    self._handoff_done(lease)
                 if handoff is not None and lease.fencing_token != handoff.fencing_token:
                     self.log.warning(
                         "The handoff of lock %r lapsed: this task resumed %s after its trigger acquired "
@@ -344,6 +381,7 @@ class VolcanoLockOperator(BaseOperator):
             raise
         finally:
             self._active = self._body_thread = None
+            self._close_look_client()
 
     def _enter(
         self, stack: contextlib.ExitStack, client: VolcanoLocks, token: str, deadline: float | None
@@ -361,6 +399,7 @@ class VolcanoLockOperator(BaseOperator):
                     wait_timeout=remaining,
                     interrupt=True,
                     on_waiting=self._still_waiting if wait else None,
+                    wait_policy=wait_policy() if wait else None,
                 )
             )
 
@@ -431,15 +470,82 @@ class VolcanoLockOperator(BaseOperator):
                 request_id = str(uuid.uuid4())
 
     def _still_waiting(self, holder: LockState | None, waited: float) -> None:
-        """Log, about every minute of a wait in the worker slot, that the task still waits and on whom."""
+        """Look for a stranded handoff every few seconds of a wait in the worker slot; log every minute.
+
+        The line names the lock, the holder's fencing token, until when its lease runs and whether it
+        is a handoff to a task that has not resumed yet.
+        """
         if waited < 1.0:
             return  # the wait's start is announced by _acquire_with, with how to defer instead
+        if self._look_client is None:
+            self._look_client = self.hook.get_client()  # its own: the waiting client is mid-call
+        client = self._look_client
+        try:
+            record, state = self._look_at_handoff(client)
+        except Exception as exc:  # never let a look end the wait; say so and wait on
+            self.log.warning("Looking at the handoff record of lock %r failed: %s", self.lock_key, exc)
+            record, state = None, None
+        if waited - self._reported_at < REPORT_EVERY:
+            return
+        self._reported_at = waited
+        if holder is None or holder.fencing_token is None or holder.expires_at is None:
+            holder = self._holder(client)  # a refused acquisition says neither who nor until when
+        from airflow_provider_volcano.triggers.lock import waiting_facts
+
         self.log.info(
             "Still waiting for lock %r in this worker slot after %.0f s; it is %s",
             self.lock_key,
             waited,
-            _holder_facts(holder),
+            waiting_facts(holder, record, state),
         )
+
+    def _look_at_handoff(self, client: VolcanoLocks) -> tuple[HandoffRecord | None, object]:
+        """Free the lock's handoff lease if the try it was acquired for can no longer use it.
+
+        Returns the record still standing (or ``None``) and its owner's state, for the waiting lines.
+        """
+        from airflow_provider_volcano._handoff import (
+            clear_record,
+            lease_of,
+            owner_state,
+            read_record,
+            released_line,
+            unusable_because,
+        )
+        from airflow_provider_volcano._tokens import derive_token
+        from volcano_locks import ConflictError, VolcanoError
+        from volcano_locks.waiting import wake
+
+        record = read_record(self.lock_key)
+        if record is None or record.owner == self._waiter:
+            return record, None
+        state = owner_state(record.owner)
+        reason = unusable_because(record, state, self._waiter)
+        if reason is None:
+            return record, state
+        token = derive_token(self.hook.config.service_key, record.owner, self.lock_key)
+        try:
+            client.release(self.lock_key, lease_of(record, token))
+            self.log.info("%s", released_line(record, reason))
+        except ConflictError:
+            pass  # that try's lease is gone already (lapsed or released)
+        except VolcanoError as exc:
+            self.log.warning("Could not release the stranded handoff of lock %r: %s", self.lock_key, exc)
+            return record, state
+        clear_record(self.lock_key, record.fencing_token, self.log)
+        wake(self.lock_key)
+        return None, state
+
+    def _close_look_client(self) -> None:
+        client, self._look_client = self._look_client, None
+        if client is not None:
+            client.close()
+
+    def _handoff_done(self, lease: LockLease) -> None:
+        """The resumed task holds the trigger's lease: it is no longer a handoff (delete the record)."""
+        from airflow_provider_volcano._handoff import clear_record
+
+        clear_record(self.lock_key, lease.fencing_token, self.log, owner=self._waiter)
 
     def _lost(self, exc: BaseException | None) -> VolcanoLockLost:
         why = "the task was killed and released it" if self._killed else str(exc)
@@ -536,6 +642,14 @@ class VolcanoLockOperator(BaseOperator):
                 self.log.warning("Could not release lock %r on kill: %s", self.lock_key, exc)
         if threading.get_ident() == body_thread:
             raise self._lost(None)
+
+
+def wait_policy() -> WaitPolicy:
+    """The core's default wait policy, reporting (and so looking for a stranded handoff) every 5 s."""
+    from airflow_provider_volcano._handoff import LOOK_EVERY
+    from volcano_locks.waiting import WaitPolicy
+
+    return WaitPolicy(report_every=LOOK_EVERY)
 
 
 def _group_task_id(lock_group: Any) -> str | None:

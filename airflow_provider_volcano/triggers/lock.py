@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import dataclasses
 import hashlib
 import logging
@@ -15,6 +17,18 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from airflow_provider_volcano._handoff import (
+    LOOK_EVERY,
+    HandoffRecord,
+    clear_record,
+    describe,
+    lease_of,
+    owner_state,
+    read_record,
+    released_line,
+    unusable_because,
+    write_record,
+)
 from airflow_provider_volcano._tokens import TaskIdentity, derive_token
 
 if TYPE_CHECKING:
@@ -22,6 +36,8 @@ if TYPE_CHECKING:
     from volcano_locks import AsyncVolcanoLocks, LockLease, LockState
 
 __all__ = ["VolcanoLockTrigger"]
+
+logger = logging.getLogger(__name__)
 
 STATUS_ACQUIRED = "acquired"
 STATUS_TIMEOUT = "timeout"
@@ -32,6 +48,147 @@ def _holder_facts(holder: LockState | None) -> str:
     if holder is None or not holder.held or holder.fencing_token is None:
         return "held by another owner"  # a refused acquisition does not say by whom; a look will
     return f"held with fencing token {holder.fencing_token}"
+
+
+def waiting_facts(holder: LockState | None, record: HandoffRecord | None, state: object) -> str:
+    """The holder as a waiting line names it: fencing token, until when, and whether it is a handoff."""
+    if holder is None or not holder.held or holder.fencing_token is None:
+        return "held by another owner (not read yet)"
+    until = holder.expires_at.isoformat() if holder.expires_at is not None else "an unknown time"
+    return (
+        f"held with fencing token {holder.fencing_token} until {until}; "
+        f"{describe(record, holder.fencing_token, state)}"
+    )
+
+
+_RECORD_READS_PER_SECOND = 20.0  # a triggerer's looks at handoff records, all keys together, at most
+
+
+@dataclass(eq=False)
+class _HandoffWatch:
+    """One key's look at its handoff record, shared by the triggers waiting on it in one event loop.
+
+    Every ``LOOK_EVERY`` seconds (slower when the loop watches many keys: its looks at
+    records stay under ``_RECORD_READS_PER_SECOND``) it reads the key's record; when the try it names
+    can no longer use its lease (:func:`unusable_because`), it releases that lease with the token
+    derived for that try and wakes the key's waiters.
+    """
+
+    key: str
+    waiters: dict[int, tuple[TaskIdentity, Any, contextvars.Context]] = dataclasses.field(
+        default_factory=dict
+    )
+    users: int = 0
+    record: HandoffRecord | None = None
+    state: object = None
+    task: asyncio.Task[None] | None = None
+
+    read: asyncio.Future[LockState | None] | None = None
+    read_at: float = 0.0
+
+    async def holder(self, client: AsyncVolcanoLocks) -> LockState | None:
+        """The holder, read once for every waiting line of this key within a few seconds."""
+        from volcano_locks import VolcanoError
+
+        async def read() -> LockState | None:
+            try:
+                return await client.get(self.key)
+            except VolcanoError:
+                return None
+
+        if self.read is None or time.monotonic() - self.read_at > LOOK_EVERY:
+            self.read, self.read_at = asyncio.ensure_future(read()), time.monotonic()
+        return await asyncio.shield(self.read)
+
+    def unusable_because(self, record: HandoffRecord) -> str | None:
+        for waiter, _log, _context in list(self.waiters.values()):
+            reason = unusable_because(record, self.state, waiter)
+            if reason is not None:
+                return reason
+        return None
+
+    def log_info(self, line: str) -> None:
+        """Log ``line`` in every waiting trigger's context: the triggerer routes it to each task's log."""
+        logger.info("%s", line)
+        for _waiter, log, context in list(self.waiters.values()):
+            context.run(log.info, "%s", line)
+
+
+_WATCHES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, _HandoffWatch]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+async def _look_at_handoffs(watch: _HandoffWatch, client: AsyncVolcanoLocks, service_key: str) -> None:
+    """Look at the key's handoff record every few seconds until cancelled (see :class:`_HandoffWatch`)."""
+    watches = _WATCHES.get(asyncio.get_running_loop(), {})
+    while True:
+        try:
+            await _look_once(watch, client, service_key)
+        except Exception:  # a watch that dies silently would strand its waiters again: say so, go on
+            logger.exception("looking at the handoff record of lock %r failed; looking again", watch.key)
+        await asyncio.sleep(max(LOOK_EVERY, len(watches) / _RECORD_READS_PER_SECOND))
+
+
+async def _look_once(watch: _HandoffWatch, client: AsyncVolcanoLocks, service_key: str) -> None:
+    """One look: read the record, ask for its owner's state, free the lease if the owner cannot use it."""
+    from asgiref.sync import sync_to_async
+
+    from volcano_locks import ConflictError, VolcanoError
+    from volcano_locks.waiting import wake
+
+    record = await sync_to_async(read_record)(watch.key)
+    watch.record = record
+    if record is not None and all(record.owner != w for w, _, _ in list(watch.waiters.values())):
+        watch.state = await sync_to_async(owner_state)(record.owner)
+        reason = watch.unusable_because(record)
+        if reason is not None:
+            token = derive_token(service_key, record.owner, watch.key)
+            try:
+                await client.release(watch.key, lease_of(record, token))
+                watch.log_info(released_line(record, reason))
+            except ConflictError:
+                pass  # that try's lease is gone already (lapsed or released)
+            except VolcanoError as exc:
+                logger.warning("Could not release the stranded handoff of lock %r: %s", watch.key, exc)
+                record = None  # try again at the next look
+            if record is not None:
+                await sync_to_async(clear_record)(watch.key, record.fencing_token, logger)
+                watch.record = None
+                wake(watch.key)
+
+
+@asynccontextmanager
+async def _handoff_watch(
+    key: str, client: AsyncVolcanoLocks, service_key: str, waiter: TaskIdentity | None, log: Any
+) -> AsyncIterator[_HandoffWatch]:
+    """This event loop's watch of ``key``'s handoff record (started by its first waiter)."""
+    watches = _WATCHES.setdefault(asyncio.get_running_loop(), {})
+    watch = watches.get(key)
+    if watch is None:
+        watch = watches[key] = _HandoffWatch(key)
+    watch.users += 1
+    ticket = id(object()) if waiter is None else id(waiter)
+    if waiter is not None:
+        watch.waiters[ticket] = (waiter, log, contextvars.copy_context())
+        if watch.task is None:
+            # Not in this trigger's context (the triggerer routes log lines by it): the watch serves
+            # every trigger on the key, and outlives this one if others still wait.
+            watch.task = asyncio.create_task(
+                _look_at_handoffs(watch, client, service_key), context=contextvars.Context()
+            )
+    try:
+        yield watch
+    finally:
+        watch.waiters.pop(ticket, None)
+        watch.users -= 1
+        if watch.users == 0:
+            if watches.get(key) is watch:
+                del watches[key]
+            if watch.task is not None:
+                watch.task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watch.task
 
 
 @dataclass(frozen=True)
@@ -94,6 +251,7 @@ async def wait_for_lock(
     deadline: float | None,
     poll: float,
     log: logging.Logger | Any,
+    waiter: TaskIdentity | None = None,
 ) -> WaitOutcome:
     """Wait for ``key`` in the core's wait engine and acquire it with ``token`` for ``ttl`` seconds.
 
@@ -110,15 +268,39 @@ async def wait_for_lock(
     :param deadline: give up at this wall-clock time (epoch seconds); ``None``: no bound.
     :param poll: seconds between looks at the held lock (the triggerer's budget caps the total).
     :param log: where "still waiting" lines go (the trigger's logger: the task's log).
+    :param waiter: the task try waiting: with it, a handoff lease whose try can no longer use it is
+        released (see :mod:`airflow_provider_volcano._handoff`) instead of waited out.
     """
     from volcano_locks import AuthError, InvalidRequest, VolcanoError, WaitTimeout
     from volcano_locks.waiting import WaitPolicy
 
+    reads: set[asyncio.Task[None]] = set()
+
+    def report(holder: LockState | None, waited: float) -> None:
+        log.info(
+            "Still waiting for lock %r after %.0f s; it is %s",
+            key,
+            waited,
+            waiting_facts(holder, watch.record, watch.state),
+        )
+
+    async def read_and_report(waited: float) -> None:
+        report(await watch.holder(client), waited)
+
     def still_waiting(holder: LockState | None, waited: float) -> None:
-        log.info("Still waiting for lock %r after %.0f s; it is %s", key, waited, _holder_facts(holder))
+        if holder is not None and holder.held and holder.fencing_token is not None and holder.expires_at:
+            report(holder, waited)
+            return
+        # A refused acquisition does not say by whom nor until when: one read (per report) does.
+        task = asyncio.get_running_loop().create_task(read_and_report(waited))
+        reads.add(task)
+        task.add_done_callback(reads.discard)
 
     timeout = None if deadline is None else max(0.0, deadline - time.time())
-    async with _shared_client(hook) as client:
+    async with (
+        _shared_client(hook) as client,
+        _handoff_watch(key, client, hook.config.service_key, waiter, log) as watch,
+    ):
         try:
             lease = await client.wait_acquire(
                 key,
@@ -142,6 +324,9 @@ async def wait_for_lock(
             return WaitOutcome(STATUS_ERROR, message=f"cannot wait for lock {key!r}: {exc}")
         except VolcanoError as exc:
             return WaitOutcome(STATUS_ERROR, message=f"waiting for lock {key!r} failed: {exc}")
+        finally:
+            for task in list(reads):
+                task.cancel()
     return WaitOutcome(STATUS_ACQUIRED, lease=lease)
 
 
@@ -237,10 +422,19 @@ class VolcanoLockTrigger(BaseTrigger):
             return
         token = derive_token(config.service_key, TaskIdentity.from_dict(self.identity), self.lock_key)
         # The handoff allowance, not the task's TTL: the lease must outlive the task's resume.
+        identity = TaskIdentity.from_dict(self.identity)
         outcome = await wait_for_lock(
-            hook, self.lock_key, token, self.handoff_ttl, self.deadline, self.poll, self.log
+            hook, self.lock_key, token, self.handoff_ttl, self.deadline, self.poll, self.log, identity
         )
         if outcome.status == STATUS_ACQUIRED and outcome.lease is not None:
+            from asgiref.sync import sync_to_async
+
+            # Written before the event, so a waiter can tell whose handoff this lease is, and free
+            # it if that try never gets to use it; the resumed task deletes it once it holds.
+            record = HandoffRecord(
+                self.lock_key, outcome.lease.fencing_token, outcome.lease.expires_at, identity
+            )
+            await sync_to_async(write_record)(record, self.log)
             self.log.info(
                 "Acquired lock %r for the task (fencing token %s); it holds for the handoff "
                 "(%s s) until the task resumes and renews it at its own ttl (%s s)",

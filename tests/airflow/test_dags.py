@@ -251,7 +251,7 @@ def test_warehouse_swap_runs_every_task_under_one_lease_and_releases_it(
         ("release", 204),
     ]
     group = _xcoms(dr, ACQUIRE)["volcano_lock_group"]
-    assert set(group) == {"lock_key", "fencing_token", "acquired_at", "expires_at", "ttl", "owner"}
+    assert set(group) == {"lock_key", "fencing_token", "acquired_at", "expires_at", "ttl", "owner", "seal"}
     assert volcano_conn.service_key not in repr(group)
 
 

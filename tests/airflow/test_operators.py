@@ -456,22 +456,31 @@ def test_the_first_acquire_waits_out_a_stopped_server(monkeypatch, unique_key, c
     assert "Volcano lock API unavailable while acquiring lock" in _log(capfd)
 
 
-def test_a_wait_in_the_worker_slot_reports_every_minute_naming_the_holder(capfd) -> None:
-    """The callback the core's wait engine calls about every minute (and once as the wait starts)."""
-    from datetime import UTC, datetime
-
+def test_a_wait_in_the_worker_slot_reports_every_minute_naming_the_holder(
+    volcano_conn, outside, unique_key, capfd
+) -> None:
+    """The callback the core's wait engine calls every 5 s (a line a minute, and the start is announced)."""
     from volcano_locks import LockState
 
-    op = _op("k")
+    held = outside.acquire(unique_key, 30)
+    op = _op(unique_key)
     op._still_waiting(LockState(held=True, fencing_token=7), 0.0)  # the start: announced already
+    for waited in (5.0, 10.0, 55.0):
+        op._still_waiting(None, waited)  # looks for a stranded handoff only
     op._still_waiting(
-        LockState(held=True, expires_at=datetime(2026, 1, 1, tzinfo=UTC), fencing_token=7), 61.2
+        LockState(held=True, expires_at=held.expires_at, fencing_token=held.fencing_token), 61.2
     )
-    op._still_waiting(None, 122.0)
-    lines = _lines(capfd, "Still waiting for lock 'k'")
-    assert len(lines) == 2
-    assert "after 61 s" in lines[0] and "fencing token 7" in lines[0]
-    assert "after 122 s" in lines[1] and "held by another owner" in lines[1]
+    op._still_waiting(LockState(held=True), 66.0)
+    # A refused acquisition says neither who nor until when: the line reads the holder.
+    op._still_waiting(LockState(held=True), 122.0)
+    lines = _lines(capfd, f"Still waiting for lock {unique_key!r}")
+    assert len(lines) == 2, lines
+    facts = f"fencing token {held.fencing_token} until {held.expires_at.isoformat()}"
+    for line, after in zip(lines, ("after 61 s", "after 122 s"), strict=True):
+        assert after in line and facts in line, line
+        assert "not a handoff" in line, line
+    op._close_look_client()  # what the end of a wait does
+    outside.release(unique_key, held)
 
 
 def test_group_membership_is_checked_at_construction() -> None:

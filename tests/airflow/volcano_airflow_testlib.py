@@ -12,6 +12,8 @@ import sqlite3
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -60,6 +62,39 @@ class Stack:
     def __init__(self, home: Path, env: dict[str, str]) -> None:
         self.home, self.env = home, env
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.url = ""  # the api-server's base URL
+        self.pg_dsn = ""  # the metadata database, when it is PostgreSQL (else SQLite in home)
+
+    def rest(self, method: str, path: str, body: object = None, *, token: str = "") -> Any:
+        """Call the api-server's public REST API (``/api/v2/...``, or ``/auth/token``); return the JSON."""
+        request = urllib.request.Request(
+            self.url + path,
+            data=None if body is None else json.dumps(body).encode(),
+            method=method,
+            headers={
+                "Content-Type": "application/json",
+                **({"Authorization": f"Bearer {token}"} if token else {}),
+            },
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                text = response.read().decode()
+        except urllib.error.HTTPError as exc:
+            exc.close()  # its response holds a socket
+            raise
+        return json.loads(text) if text else None
+
+    def wait_for_api(self, timeout: float = 180) -> None:
+        """Wait until the api-server answers its health check."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.alive()
+            try:
+                self.rest("GET", "/api/v2/monitor/health")
+                return
+            except OSError:
+                assert time.monotonic() < deadline, "the api-server never answered"
+                time.sleep(1)
 
     def start(self, name: str, *args: str) -> None:
         """Start ``airflow <args>`` in its own session, its output in ``<home>/<name>.out``."""
@@ -81,7 +116,12 @@ class Stack:
         return done.stdout
 
     def query(self, sql: str, *params: Any) -> list[tuple[Any, ...]]:
-        """Read the metadata database."""
+        """Read the metadata database (``?`` placeholders, on SQLite and PostgreSQL alike)."""
+        if self.pg_dsn:
+            import psycopg
+
+            with psycopg.connect(self.pg_dsn, autocommit=True) as pg:
+                return [tuple(row) for row in pg.execute(sql.replace("?", "%s"), params).fetchall()]
         conn = sqlite3.connect(self.home / "airflow.db", timeout=30)
         try:
             return conn.execute(sql, params).fetchall()
@@ -96,6 +136,10 @@ class Stack:
             assert time.monotonic() < deadline, "the dag processor never parsed the DAG"
             time.sleep(1)
         self.cli("dags", "unpause", dag_id)
+
+    def output(self, name: str) -> str:
+        """What the process ``name`` (e.g. ``scheduler``) wrote so far."""
+        return (self.home / f"{name}.out").read_text(errors="replace")
 
     def logs(self, run_id: str | None = None) -> str:
         """The text of every task log file (of one run, if ``run_id`` is given)."""
@@ -127,11 +171,20 @@ class Stack:
 
 
 @contextmanager
-def running_stack(airflow_db: Path, tmp_path: Path, dags: Path = DAGS) -> Iterator[Stack]:
+def running_stack(
+    airflow_db: Path,
+    tmp_path: Path,
+    dags: Path = DAGS,
+    *,
+    apps: str = "execution",
+    extra_env: dict[str, str] | None = None,
+) -> Iterator[Stack]:
     """An api-server, dag processor, scheduler (LocalExecutor) and triggerer on a copy of the session's DB.
 
     The Volcano connection comes from the environment (``AIRFLOW_CONN_VOLCANO_DEFAULT``); the example DAGs
-    write to ``<tmp_path>/examples.sqlite``. ``dags`` is the DAGs folder (default: the examples).
+    write to ``<tmp_path>/examples.sqlite``. ``dags`` is the DAGs folder (default: the examples);
+    ``apps`` the api-server's apps (``all`` serves the public REST API too); ``extra_env`` is added to
+    every process's environment.
     """
     home = tmp_path / "airflow-home"
     home.mkdir()
@@ -153,15 +206,98 @@ def running_stack(airflow_db: Path, tmp_path: Path, dags: Path = DAGS) -> Iterat
         "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
         "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "1",
         "VOLCANO_EXAMPLES_DB": str(tmp_path / "examples.sqlite"),
+        **(extra_env or {}),
     }
     stack = Stack(home, env)
+    stack.url = f"http://127.0.0.1:{port}"
     try:
-        stack.start(
-            "api-server", "api-server", "--apps", "execution", "-H", "127.0.0.1", "-p", str(port), "-w", "1"
-        )
+        stack.start("api-server", "api-server", "--apps", apps, "-H", "127.0.0.1", "-p", str(port), "-w", "1")
         stack.start("dag-processor", "dag-processor")
         stack.start("scheduler", "scheduler")
         stack.start("triggerer", "triggerer")
         yield stack
     finally:
         stack.stop()
+
+
+PG_ADMIN_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=test"
+CELERY_REDIS_DB = 7  # this suite's own Redis database number (flushed before each Celery stack)
+
+
+@contextmanager
+def running_celery_stack(
+    airflow_db: Path, tmp_path: Path, dags: Path, queues: dict[str, str]
+) -> Iterator[Stack]:
+    """An api-server, dag processor, scheduler (CeleryExecutor), triggerer and one Celery worker per queue.
+
+    The metadata database is a PostgreSQL database of its own (``af_celery_<random>``, dropped after);
+    the broker and the result backend are Redis database ``CELERY_REDIS_DB`` on 127.0.0.1:6379.
+    ``queues`` maps a worker's name to the queue it serves (its process is ``stack.procs[name]``).
+    """
+    import uuid
+
+    import psycopg
+    import redis
+
+    name = f"af_celery_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    broker = f"redis://127.0.0.1:6379/{CELERY_REDIS_DB}"
+    redis.Redis.from_url(broker).flushdb()
+    home = tmp_path / "airflow-home"
+    home.mkdir()
+    shutil.copy(airflow_db / "airflow.cfg", home / "airflow.cfg")  # same JWT secret for every process
+    port = free_port()
+    env = {
+        **os.environ,
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}",
+        "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+        "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
+        "AIRFLOW__CORE__PARALLELISM": "4",
+        "AIRFLOW__CELERY__BROKER_URL": broker,
+        "AIRFLOW__CELERY__RESULT_BACKEND": broker,
+        "AIRFLOW__CELERY__WORKER_CONCURRENCY": "1",
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
+        "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
+        "AIRFLOW__API__PORT": str(port),
+        "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(home / "logs"),
+        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+        "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
+        "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "20",
+        "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5",
+        "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "1",
+        "VOLCANO_EXAMPLES_DB": str(tmp_path / "examples.sqlite"),
+    }
+    stack = Stack(home, env)
+    stack.pg_dsn = f"host=127.0.0.1 port=5432 user=postgres dbname={name}"
+    stack.url = f"http://127.0.0.1:{port}"
+    try:
+        stack.cli("db", "migrate")
+        stack.start(
+            "api-server", "api-server", "--apps", "execution", "-H", "127.0.0.1", "-p", str(port), "-w", "1"
+        )
+        stack.start("dag-processor", "dag-processor")
+        stack.start("scheduler", "scheduler")
+        stack.start("triggerer", "triggerer")
+        for worker, queue in queues.items():
+            stack.start(
+                worker,
+                "celery",
+                "worker",
+                "--queues",
+                queue,
+                "--concurrency",
+                "1",
+                "--skip-serve-logs",
+                "--celery-hostname",
+                f"{worker}@%h",
+                "--without-gossip",
+                "--without-mingle",
+            )
+        yield stack
+    finally:
+        stack.stop()
+        redis.Redis.from_url(broker).flushdb()
+        with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
