@@ -205,7 +205,11 @@ class LockBoard:
     def skipped(self, holder_token: int | None) -> None:
         """Record that this run skipped, keeping the recorded holder when it is the one seen."""
         try:
-            record = self.holder_of(holder_token)
+            if holder_token:
+                record = self.holder_of(holder_token)
+            else:  # the refusal did not name the holder: keep the recorded one if it still holds
+                latest = self.read()
+                record = latest if latest is not None and latest.get("state") == "held" else None
             now = _iso(self._clock())
             me = self.run.flow_run_name or "a run"
             if record is None:
@@ -213,7 +217,7 @@ class LockBoard:
                 if holder_token:
                     record["fencing_token"] = str(holder_token)
             record = {**record, "last_skipped": f"{me} at {now}", "updated_at": now}
-            self._create(record, _markdown(self.key, record))
+            self._create(record, _markdown(self.key, record), also=f"{me} skipped")
         except Exception as exc:
             logger.warning("Could not update the current view of lock %r: %s", self.key, type(exc).__name__)
 
@@ -257,12 +261,15 @@ class LockBoard:
             self._deployment_name = client.read_deployment(self.run.deployment_id).name
         return self._deployment_name
 
-    def _create(self, record: dict[str, str], markdown: str) -> None:
+    def _create(self, record: dict[str, str], markdown: str, also: str | None = None) -> None:
         run = self.run
+        state = record.get("state", "?")
+        if state == "held" and record.get("flow_run_name"):
+            state += f" by {record['flow_run_name']}"
         artifact = ArtifactCreate(
             key=self.artifact_key,
             type="markdown",
-            description=f"Volcano lock `{self.key}`: {record.get('state', '?')}",
+            description=f"Volcano lock `{self.key}`: {state}" + (f"; {also}" if also else ""),
             data=markdown,
             metadata_=record,
             flow_run_id=run.flow_run_id,  # type: ignore[arg-type]  # pydantic parses the UUID

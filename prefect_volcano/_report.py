@@ -138,7 +138,7 @@ class RunReport:
         )
 
     def lapsed(self, previous: dict[str, str]) -> None:
-        """Say that the previous lease ended unreleased (its holder crashed or hung, or was force-released)."""
+        """Say that the previous lease ended unreleased (its holder crashed or hung, or it was dropped)."""
         self.log.warning(
             "Lock %r was still recorded as held by %s: that lease %s without a release"
             " (its holder crashed or hung, or it was force-released)",
