@@ -11,9 +11,12 @@ import signal
 import subprocess
 import sys
 import threading
+import uuid
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import httpx
 import prefect.server
 import pytest
 from prefect import flow, task
@@ -39,9 +42,10 @@ from prefect_volcano import (
     locked_flow,
     locked_task,
 )
+from prefect_volcano._board import LockBoard, RunFacts
 from prefect_volcano._report import LossReport
 from tests.prefect.test_prefect_events import assert_no_secret, lock_events, related_ids
-from volcano_locks import ErrorCode, LockLease, OwnershipLost, VolcanoLocks
+from volcano_locks import ErrorCode, LeaseFacts, LockLease, OwnershipLost, VolcanoLocks
 
 pytestmark = pytest.mark.usefixtures("volcano_env")
 
@@ -289,3 +293,54 @@ def test_a_skipped_flow_run_is_listed_by_the_deployment_runs_tab_filter(unique_k
     assert set(by_id) == {flow_runs[0].id, flow_runs[1].id}
     shown = by_id[flow_runs[0].id].state
     assert shown is not None and is_skipped(shown) and shown.message == skipped_state.message
+
+
+# ------------------------------------------------------------------ the record's rules, on the real API
+
+
+def test_a_release_recorded_during_the_recheck_is_no_lapse_and_a_late_release_is_dropped(
+    unique_key: str,
+) -> None:
+    t0 = datetime.now(UTC)
+    old_lease = LeaseFacts(unique_key, 3, t0, t0 + timedelta(seconds=30), 30)
+    early = LeaseFacts(unique_key, 4, t0 + timedelta(seconds=5), t0 + timedelta(seconds=35), 30)
+    late = LeaseFacts(unique_key, 4, t0 + timedelta(seconds=40), t0 + timedelta(seconds=70), 30)
+    old = LockBoard(unique_key, RunFacts(flow_run_id=str(uuid.uuid4()), flow_run_name="old-holder"))
+
+    old.held(old_lease)
+    releasing = LockBoard(unique_key, RunFacts(), sleeper=lambda _s: old.released(old_lease))
+    assert releasing.previous_holder(early) is None  # its release landed while we re-checked
+
+    old.held(old_lease)
+    sleeps: list[float] = []
+    board = LockBoard(unique_key, RunFacts(flow_run_name="new-holder"), sleeper=sleeps.append)
+    before = board.previous_holder(early)
+    assert before is not None and sleeps == [1.0]
+    assert before["how"] == "ended before its expiry" and before["flow_run_name"] == "old-holder"
+    after = board.previous_holder(late)
+    assert after is not None and after["how"] == "expired" and after["fencing_token"] == "3"
+
+    board.held(late)
+    old.released(old_lease)  # recorded after the new acquisition: dropped
+    old.lost(old_lease, "lost: lock_ownership_lost")
+    view = current_view(unique_key)
+    assert view is not None and view["record"]["state"] == "held" and view["record"]["fencing_token"] == "4"
+    assert view["record"]["flow_run_name"] == "new-holder"
+
+
+def test_an_unreachable_prefect_api_never_fails_the_lock(
+    unique_key: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken() -> Any:
+        raise httpx.ConnectError("no Prefect API here")
+
+    board = LockBoard(unique_key, RunFacts(), client=broken)
+    now = datetime.now(UTC)
+    lease = LeaseFacts(unique_key, 1, now, now + timedelta(seconds=30), 30)
+    with caplog.at_level(logging.WARNING, logger="prefect_volcano.board"):
+        assert board.read() is None and board.previous_holder(lease) is None
+        board.held(lease)
+        board.released(lease)
+        board.skipped(None)
+    warned = [r.getMessage() for r in caplog.records if r.name == "prefect_volcano.board"]
+    assert warned and all("Could not" in w and unique_key in w for w in warned)
