@@ -1,6 +1,6 @@
 """Leader-only rollup: many schedulers may start this flow, only the lock holder does the rollup.
 
-The others end with a Completed state named Skipped (not cached), so the next tick tries again.
+The others end with a Completed state whose message says Skipped (not cached), so the next tick tries again.
 Run it with `VOLCANO_API_URL` and `VOLCANO_SERVICE_KEY` set (e.g. from `volcano-locks serve`):
 
     python flows/leader_rollup.py 2026-11-29

@@ -1,7 +1,7 @@
 """A nightly pipeline that runs alone: one lock for the whole flow run, shared by all its tasks.
 
 Many schedulers (or a retried deployment) may start tonight's run; only the run holding the
-lock does the work, and the others end in a Completed state named Skipped, so the runs list
+lock does the work, and the others end in a Completed state whose message says Skipped, so the runs list
 shows which run did it. Every task, called or submitted, stamps its writes with the flow's one
 fencing token through `current_lease()`.
 

@@ -1,4 +1,4 @@
-"""Prefect events for a lock's life as one run sees it: waiting, acquired, released, lost, skipped.
+"""Prefect events for a lock's life as one run sees it: waiting, acquired, released, lost, skipped, lapsed.
 
 The lock is the event's resource (`volcano.lock.<key>`); the flow run and task run that hold or
 want it are related resources, so the Event Feed shows who held which lock when, and an
@@ -25,7 +25,7 @@ __all__ = [
 LOCK_RESOURCE_PREFIX = "volcano.lock."
 """Every lock resource id starts with this; the lock key follows."""
 
-LOCK_EVENTS = ("waiting", "acquired", "released", "lost", "skipped")
+LOCK_EVENTS = ("waiting", "acquired", "released", "lost", "skipped", "lapsed")
 """What is emitted, as `volcano.lock.<what>`."""
 
 logger = logging.getLogger("prefect_volcano.events")
@@ -104,12 +104,12 @@ class LockEvents:
                     return related["prefect.resource.id"]
         return None
 
-    def emit(self, what: str, **payload: Any) -> None:
-        """Emit `volcano.lock.<what>` with the given public facts as its payload."""
+    def emit(self, what: str, extra_related: list[dict[str, str]] | None = None, **payload: Any) -> None:
+        """Emit `volcano.lock.<what>` with the given public facts as its payload (and more related runs)."""
         event = emit_event(
             f"{LOCK_RESOURCE_PREFIX}{what}",
             resource=self._resource,
-            related=self._related,
+            related=self._related + (extra_related or []),
             payload={k: v for k, v in payload.items() if v is not None},
             follows=self._last,
         )

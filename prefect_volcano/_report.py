@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -20,17 +21,36 @@ from prefect.logging import get_run_logger
 from prefect.states import Completed
 from prefect.transactions import get_transaction
 
+from prefect_volcano._board import LockBoard, describe_holder
 from prefect_volcano._events import LockEvents
-from volcano_locks import LockContention, LockLease, LockState, OwnershipLost, WaitTimeout
+from volcano_locks import ErrorCode, LockContention, LockLease, LockState, OwnershipLost, WaitTimeout
 
-__all__ = ["SKIPPED_STATE_NAME", "LossReport", "RunReport", "Scope", "WaitReporter", "is_skipped"]
+__all__ = [
+    "SKIPPED_MESSAGE_PREFIX",
+    "SKIPPED_STATE_NAME",
+    "LossReport",
+    "RunReport",
+    "Scope",
+    "WaitReporter",
+    "is_skipped",
+]
 
-SKIPPED_STATE_NAME = "Skipped"
-"""The name of the Completed state a skipped task run or flow run ends in."""
+SKIPPED_STATE_NAME = "Completed"
+"""The name of the state a skipped task run or flow run ends in: Completed, with a message that
+starts with `SKIPPED_MESSAGE_PREFIX`.
+
+Not a name of its own: the Prefect UI's lists of runs (a deployment's Runs tab, the flow run list)
+filter by a fixed list of state names, and a run in a state named otherwise is hidden from them.
+"""
+
+SKIPPED_MESSAGE_PREFIX = "Skipped: "
+"""How a skipped run's state message starts (the body did not run): `is_skipped` reads it."""
+
+_OLD_SKIPPED_NAME = "Skipped"  # the name states had before 0.x; still recognised in stored states
 
 
 def is_skipped(obj: object) -> bool:
-    """Whether `obj` is what a skipped locked run ends in: a Completed state named Skipped.
+    """Whether `obj` is what a skipped locked run ends in: a Completed state whose message says Skipped.
 
     Args:
         obj: A task call's value, or any state (e.g. from `return_state=True`).
@@ -38,7 +58,9 @@ def is_skipped(obj: object) -> bool:
     Returns:
         True for the Skipped state; False for anything else, including a body's own value.
     """
-    return isinstance(obj, State) and obj.is_completed() and obj.name == SKIPPED_STATE_NAME
+    if not isinstance(obj, State) or not obj.is_completed():
+        return False
+    return obj.name == _OLD_SKIPPED_NAME or (obj.message or "").startswith(SKIPPED_MESSAGE_PREFIX)
 
 
 Log = logging.Logger | logging.LoggerAdapter[Any]
@@ -81,15 +103,30 @@ def _by_holder(holder: LockState | None) -> str:
 class RunReport:
     """Tells the user (log and events) what happens to one run's lock; one per lock attempt."""
 
-    def __init__(self, key: str, scope: Scope, events: LockEvents, log: Log, *, cancels: bool) -> None:
+    def __init__(
+        self,
+        key: str,
+        scope: Scope,
+        events: LockEvents,
+        log: Log,
+        *,
+        cancels: bool,
+        board: LockBoard | None = None,
+    ) -> None:
         self.key = key
         self.scope = scope
         self.events = events
         self.log = log
+        self.board = board if board is not None else LockBoard(key)
         self.loss = LossReport(self, retries_left=_retries_left(scope), cancels=cancels)
 
     def acquired(self, lease: LockLease) -> None:
-        """Say the lock is held, with the lease's fencing token."""
+        """Say the lock is held, with the lease's fencing token; tell a previous holder's lapse first."""
+        facts = lease.facts()
+        previous = self.board.previous_holder(facts)
+        if previous is not None:
+            self.lapsed(previous)
+        self.board.held(facts)
         self.log.info(
             "Acquired lock %r (fencing token %d, ttl %ds)", self.key, lease.fencing_token, lease.ttl
         )
@@ -100,18 +137,51 @@ class RunReport:
             expires_at=lease.expires_at.isoformat(),
         )
 
+    def lapsed(self, previous: dict[str, str]) -> None:
+        """Say that the previous lease ended unreleased (its holder crashed or hung, or it was dropped)."""
+        self.log.warning(
+            "Lock %r was still recorded as held by %s: that lease %s without a release"
+            " (its holder crashed or hung, or it was force-released)",
+            self.key,
+            describe_holder(previous),
+            previous["how"],
+        )
+        related = []
+        if previous.get("flow_run_id"):
+            related.append(
+                {
+                    "prefect.resource.id": f"prefect.flow-run.{previous['flow_run_id']}",
+                    "prefect.resource.role": "previous-holder",
+                    "prefect.resource.name": previous.get("flow_run_name", ""),
+                }
+            )
+        self.events.emit(
+            "lapsed",
+            extra_related=related,
+            previous_fencing_token=int(previous["fencing_token"]),
+            previous_flow_run_id=previous.get("flow_run_id"),
+            previous_flow_run_name=previous.get("flow_run_name"),
+            previous_task_run_id=previous.get("task_run_id"),
+            previous_expires_at=previous.get("expires_at"),
+            how=previous["how"],
+        )
+
     def released(self, lease: LockLease) -> None:
         """Say the lock was released."""
         self.log.info("Released lock %r (fencing token %d)", self.key, lease.fencing_token)
         self.events.emit("released", fencing_token=lease.fencing_token)
+        self.board.released(lease.facts())
 
     def skipped(self, holder: LockState | None) -> State[None]:
         """Say the run skips, and return the Completed state named Skipped it ends in."""
+        token = holder.fencing_token if holder else None
         message = (
-            f"Skipped: lock {self.key!r} is held by another run{_by_holder(holder)}; on_contention='skip'"
+            f"{SKIPPED_MESSAGE_PREFIX}the body did not run: lock {self.key!r} is held by another run"
+            f"{_by_holder(holder)}; on_contention='skip'"
         )
         self.log.info("%s", message)
-        self.events.emit("skipped", holder_fencing_token=holder.fencing_token if holder else None)
+        self.events.emit("skipped", holder_fencing_token=token)
+        self.board.skipped(token)
         txn = get_transaction()
         if txn is not None:
             # A skip says nothing about the inputs: never let it answer a later run from the cache.
@@ -157,7 +227,25 @@ class LossReport:
             retry = "; no retries are left"
         else:
             retry = f"; Prefect may retry it ({self._retries_left} left), and a retry takes a new lease"
-        return f"Lost ownership of lock {r.key!r} ({exc}); {stop} and the {subject} fails{retry}"
+        forced = (
+            "; the server dropped the lease before it could expire: it was force-released"
+            if self.forced
+            else ""
+        )
+        return f"Lost ownership of lock {r.key!r} ({exc}){forced}; {stop} and the {subject} fails{retry}"
+
+    forced = False
+    """Whether the loss was a force release, as far as this holder can tell (set when told)."""
+
+    @staticmethod
+    def force_released(exc: OwnershipLost, lease: LockLease | None, now: float) -> bool:
+        """Whether the server refused the lease (409 ownership lost) while it cannot have expired yet.
+
+        The lease's local deadline (when the last successful request was sent plus its TTL) is never
+        later than the server's expiry, so a refusal before it means the lease was dropped early:
+        by a force release (`DELETE /locks/{key}`), the one way the contract drops a live lease.
+        """
+        return exc.code == ErrorCode.OWNERSHIP_LOST and lease is not None and now < lease.local_deadline
 
     def __call__(self, exc: OwnershipLost, lease: LockLease | None = None) -> None:
         """Log and emit the loss, once."""
@@ -165,6 +253,7 @@ class LossReport:
             if self._told:
                 return
             self._told = True
+        self.forced = self.force_released(exc, lease, time.monotonic())
         r = self._report
         r.log.error("%s", self.message(exc))
         r.events.emit(
@@ -172,7 +261,10 @@ class LossReport:
             fencing_token=lease.fencing_token if lease is not None else None,
             reason=str(exc),
             code=exc.code,
+            force_released=True if self.forced else None,
         )
+        note = "force-released (dropped before its expiry)" if self.forced else f"lost: {exc.code or exc}"
+        r.board.lost(lease.facts() if lease is not None else None, note)
 
 
 class WaitReporter:
@@ -205,7 +297,11 @@ class WaitReporter:
         self._reports += 1
         r = self._report
         if self._reports == 1:
-            r.log.info("Waiting for lock %r, held by another run%s", r.key, _by_holder(self.holder))
+            record = r.board.holder_of(self.holder.fencing_token if self.holder else None)
+            if record is not None:
+                r.log.info("Waiting for lock %r, held by %s", r.key, describe_holder(record))
+            else:
+                r.log.info("Waiting for lock %r, held by another run%s", r.key, _by_holder(self.holder))
             r.events.emit("waiting", holder_fencing_token=self.holder.fencing_token if self.holder else None)
             self._on_start()
             return

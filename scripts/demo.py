@@ -7,7 +7,7 @@ the same lock in each orchestrator:
   started together. The one that loses the race waits its turn deferred in the triggerer (no worker
   slot), then migrates with a higher fencing token.
 * Prefect: two runs of the example ``leader-rollup`` flow (Prefect environment), started together. The
-  one that loses finds the lock held and finishes Completed, named Skipped.
+  one that loses finds the lock held and finishes Completed, its message saying Skipped.
 
 Every protected write goes through the fencing check of one table. At the end the demo sends the table
 a write with the first holder's (now stale) fencing token, and prints who held, who waited or skipped,
@@ -212,8 +212,8 @@ def run_prefect(work: Path, env: dict[str, str], client: VolcanoLocks) -> list[R
         if line is None:
             raise SystemExit(f"{run.name} printed no result:\n{run.output()[-3000:]}")
         result = json.loads(line.removeprefix("DEMO-RESULT "))
-        if result["state"] == "Skipped":
-            outcome = "skipped: another run held the lock (Completed, named Skipped)"
+        if result["state"] == "Skipped" or result["message"].startswith("Skipped: "):
+            outcome = "skipped: another run held the lock (Completed, message 'Skipped: ...')"
         else:
             outcome = f"held the lock, did the rollup ({result['state']})"
         token = result["fencing_token"]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from prefect import flow, task
 
-from prefect_volcano import current_lease, locked_task
+from prefect_volcano import current_lease, is_skipped, locked_task
 
 KEY, POLICY, WORKDIR, NAME = sys.argv[1], sys.argv[2], Path(sys.argv[3]), sys.argv[4]
 
@@ -44,9 +44,9 @@ def critical() -> str:
 @flow
 def racer() -> str:
     state = critical(return_state=True)
-    if state.name == "Skipped":
+    if is_skipped(state):
         (WORKDIR / "skipped").touch()
-    return str(state.name)
+    return "Skipped" if is_skipped(state) else str(state.name)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,20 @@ from volcano_locks import OwnershipLost, VolcanoLocks
 
 pytestmark = pytest.mark.usefixtures("volcano_env")
 
-PUBLIC_PAYLOAD = {"fencing_token", "ttl", "expires_at", "holder_fencing_token", "reason", "code"}
+PUBLIC_PAYLOAD = {
+    "fencing_token",
+    "ttl",
+    "expires_at",
+    "holder_fencing_token",
+    "reason",
+    "code",
+    "force_released",
+    *(
+        f"previous_{fact}"
+        for fact in ("fencing_token", "flow_run_id", "flow_run_name", "task_run_id", "expires_at")
+    ),
+    "how",
+}
 
 
 def lock_events(key: str, names: list[str], timeout: float = 30.0) -> list[Event]:
@@ -143,6 +156,8 @@ def test_waiting_and_lost_events(unique_key: str, credentials: VolcanoCredential
     assert acquired.payload["fencing_token"] > lease.fencing_token
     assert lost.payload["fencing_token"] == acquired.payload["fencing_token"]
     assert lost.payload["code"] == "lock_ownership_lost" and "renew failed" in lost.payload["reason"]
+    # Dropped long before its 5 s TTL could run out: the holder can tell it was a force release.
+    assert lost.payload["force_released"] is True
     task_run = f"prefect.task-run.{states[0].state_details.task_run_id}"
     assert all(related_ids(e, "task-run") == [task_run] for e in events)
     assert_no_secret(events, credentials)

@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -122,3 +123,86 @@ def test_create_form_fields_and_the_saved_key_is_masked(prefect_ui: str) -> None
             page.screenshot(path=str(SCREENSHOTS / "prefect-volcano-credentials-saved.png"))
         finally:
             browser.close()
+
+
+BOARD_DEMO = Path(__file__).with_name("board_demo.py")
+
+
+def test_lock_current_view_and_a_skipped_run_in_the_deployment_runs_tab(
+    prefect_ui: str, volcano_server: Any, tmp_path: Path
+) -> None:
+    import uuid
+
+    from prefect_volcano import artifact_key
+
+    key = f"nightly-rollup:{uuid.uuid4().hex[:6]}"
+    env = dict(os.environ)
+    env.update(volcano_server.env())
+    env.update(
+        PREFECT_API_URL=f"{prefect_ui}/api",
+        PREFECT_UI_URL=prefect_ui,
+        PREFECT_HOME=str(tmp_path),
+        PYTHONPATH=str(Path(__file__).resolve().parents[2]),
+    )
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    with subprocess.Popen(
+        [sys.executable, str(BOARD_DEMO), key],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as demo:
+        assert demo.stdin is not None and demo.stdout is not None
+        try:
+            line = demo.stdout.readline()
+            assert line.startswith("READY"), line
+            deployment_id = line.split()[1]
+            runs = httpx.post(
+                f"{prefect_ui}/api/flow_runs/filter", json={"deployments": {"id": {"any_": [deployment_id]}}}
+            ).json()
+            by_message = {(r["state"]["message"] or "").startswith("Skipped: "): r for r in runs}
+            holder, skipped = by_message[False], by_message[True]
+            assert skipped["state"]["name"] == "Completed" and holder["state"]["name"] == "Running"
+            with playwright_sync.sync_playwright() as pw:
+                browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
+                try:
+                    page = browser.new_page(viewport={"width": 1280, "height": 900})
+                    (latest,) = httpx.post(
+                        f"{prefect_ui}/api/artifacts/latest/filter",
+                        json={"artifacts": {"key": {"any_": [artifact_key(key)]}}},
+                    ).json()
+                    page.goto(
+                        f"{prefect_ui}/artifacts/artifact/{latest['latest_id']}", wait_until="networkidle"
+                    )
+                    page.get_by_text("Fencing token").first.wait_for(timeout=20_000)
+                    shown = page.locator("body").inner_text()
+                    assert holder["name"] in shown and "held" in shown and "process-pool" in shown
+                    assert volcano_server.service_key not in page.content()
+                    page.screenshot(path=str(SCREENSHOTS / "prefect-lock-current-view.png"), full_page=True)
+
+                    page.goto(f"{prefect_ui}/artifacts/key/{artifact_key(key)}", wait_until="networkidle")
+                    page.get_by_text(f"Volcano lock {key}").first.wait_for(timeout=20_000)
+                    page.screenshot(path=str(SCREENSHOTS / "prefect-lock-history.png"))
+
+                    page.goto(f"{prefect_ui}/artifacts", wait_until="networkidle")
+                    page.get_by_text(artifact_key(key)).first.wait_for(timeout=20_000)
+                    page.screenshot(path=str(SCREENSHOTS / "prefect-lock-artifacts-page.png"))
+
+                    page.goto(
+                        f"{prefect_ui}/deployments/deployment/{deployment_id}?tab=Runs",
+                        wait_until="networkidle",
+                    )
+                    page.get_by_text(skipped["name"]).first.wait_for(timeout=20_000)
+                    shown = page.locator("body").inner_text()
+                    assert holder["name"] in shown and skipped["name"] in shown
+                    page.screenshot(path=str(SCREENSHOTS / "prefect-deployment-runs-skipped.png"))
+                finally:
+                    browser.close()
+        finally:
+            demo.stdin.close()
+            try:
+                demo.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                demo.kill()
+                demo.wait()
+    assert demo.returncode == 0
