@@ -50,9 +50,10 @@ holder at ``ttl=15`` lost its lock. So a process starts at a quarter of its ceil
 and, until its first 429, grows by :data:`START_GROWTH` (15 %) after each window in which it used at
 least half its rate: a fleet growing together crosses the edge by at most 15 % of what it then spends,
 so the window that finds the edge runs out at most ``60 * 0.15 / 1.15`` = 7.8 s early, inside what a
-holder at ``ttl=15`` survives (9 s, below). A waiter's very first attempt is an acquisition like a
-direct call and is not held back by the rate (an uncontended lock costs one request at once); the
-bucket holds at least :data:`MIN_BURST` looks, so a fresh process's first looks are not delayed either.
+holder at ``ttl=15`` survives (9 s, below). The bucket holds at least :data:`MIN_BURST` requests,
+so a fresh process's first attempts and looks go at once; a waiter's first attempt is billed like any
+waiting request (a triggerer restarting with 500 deferred tasks must not spend the project's minute on
+their first attempts), though a 429's blackout does not hold it.
 A window in which the process waited little (under half its rate) does not raise the rate: a rate
 is earned by use, so a process that idled at a high rate cannot spend it all at once later.
 
@@ -132,7 +133,7 @@ START_GROWTH = 1.15
 """Until its first 429, each busy quiet window multiplies the waiting rate by this, up to the ceiling."""
 BUSY_SHARE = 0.5
 """A window raises the rate only if the process's waiting used at least this share of it."""
-MIN_BURST = 5.0
+MIN_BURST = 10.0
 """The waiting bucket holds at least this many requests, whatever the rate."""
 MIN_RECOVERY = 0.5
 """... and by at least this many requests a minute."""

@@ -437,9 +437,9 @@ def _wait_flow(
                     continue
                 waiter.op = "acquire" if waiter.direct or informed else "get"
                 waiter.priority = informed
-                # A first attempt is an acquisition like a direct call: sent at once, not billed to
-                # the waiting rate (an uncontended lock costs one request); it is still counted.
-                waiter.slot = now if waiter.first else governor.reserve(priority=informed)
+                # A first attempt is billed like any waiting request (500 triggers restarting at once
+                # must not spend the project's minute), but a 429's blackout does not hold it.
+                waiter.slot = governor.reserve(priority=informed, honour_blackout=not waiter.first)
             # At send time, not only at booking: a 429 that arrived since holds this request too.
             send_at = waiter.slot if waiter.first else max(waiter.slot, governor.blocked_until)
             if now < send_at:

@@ -54,10 +54,18 @@ def governor(
 
 def test_the_bucket_holds_five_seconds_of_budget_then_spaces_requests_at_the_rate() -> None:
     clock = Clock()
-    gov = governor(60, clock)  # one a second, five in the bucket
-    slots = [gov.reserve() for _ in range(8)]
-    assert slots[:5] == [1000.0] * 5
-    assert slots[5:] == pytest.approx([1001.0, 1002.0, 1003.0])
+    gov = governor(240, clock)  # four a second, twenty in the bucket
+    slots = [gov.reserve() for _ in range(23)]
+    assert slots[:20] == [1000.0] * 20
+    assert slots[20:] == pytest.approx([1000.25, 1000.5, 1000.75])
+
+
+def test_the_bucket_holds_at_least_min_burst_requests() -> None:
+    clock = Clock()
+    gov = governor(60, clock)  # one a second: five seconds' worth is below the floor
+    slots = [gov.reserve() for _ in range(int(MIN_BURST) + 2)]
+    assert slots[: int(MIN_BURST)] == [1000.0] * int(MIN_BURST)
+    assert slots[int(MIN_BURST) :] == pytest.approx([1001.0, 1002.0])
 
 
 def test_budget_refills_with_time_and_never_beyond_the_bucket() -> None:
@@ -84,8 +92,7 @@ def test_requests_a_minute_are_flat_in_the_number_of_reservations() -> None:
 def test_priority_acquisitions_go_ahead_of_reads_and_delay_the_reads_after_them() -> None:
     clock = Clock()
     gov = governor(60, clock)
-    for _ in range(5):
-        gov.reserve()  # the bucket is empty now
+    _empty(gov, clock)  # the bucket is empty now
     read = gov.reserve()
     assert read == pytest.approx(1001.0)
     assert gov.reserve(priority=True) == 1000.0  # the lock was seen free: acquire now
@@ -150,10 +157,11 @@ class _NoSignal:
         pass
 
 
-def _empty(gov: Governor) -> None:
-    """Spend the bucket's burst (what a process that just waited a lot has left)."""
-    for _ in range(int(MIN_BURST)):
-        gov.reserve()
+def _empty(gov: Governor, clock: Clock) -> None:
+    """Spend what is left in the bucket (what a process that just waited a lot has), and no more."""
+    while gov.reserve() <= clock.now:
+        pass
+    gov.refund()  # the one booked ahead
 
 
 def _waiter(key: str = "k") -> _Waiter:
@@ -222,8 +230,8 @@ def test_a_lock_seen_free_is_acquired_next_ahead_of_the_budget() -> None:
     clock, entry, waiter = Clock(), _KeyWait("k"), _waiter()
     gov = governor(1, clock)  # one request a minute: a read would wait
     flow = _flow(entry, waiter, gov, clock)
-    _empty(gov)  # the bucket's burst is spent: a read must wait for the rate
-    next(flow)
+    next(flow)  # the first attempt
+    _empty(gov, clock)  # the bucket's burst is spent: a read must wait for the rate
     step = flow.send(LockContention("held"))
     clock.now = step.until  # type: ignore[union-attr]
     step = flow.send(None)
@@ -240,8 +248,8 @@ def test_wake_turns_a_booked_read_into_an_immediate_acquisition() -> None:
     clock, entry, waiter = Clock(), _KeyWait("k"), _waiter()
     gov = governor(1, clock)
     flow = _flow(entry, waiter, gov, clock)
-    _empty(gov)  # the bucket's burst is spent: a read must wait for the rate
-    next(flow)
+    next(flow)  # the first attempt
+    _empty(gov, clock)  # the bucket's burst is spent: a read must wait for the rate
     step = flow.send(LockContention("held"))
     clock.now = step.until  # type: ignore[union-attr]
     step = flow.send(None)
@@ -483,7 +491,8 @@ def test_the_rate_paces_reservations() -> None:
     sim.advance(25.0)  # past the blackout
     slots = [gov.reserve() for _ in range(200)]
     in_a_minute = [t for t in slots if t < sim.clock.now + 60]
-    assert len(in_a_minute) == pytest.approx(rate * 5 / 60 + rate, abs=2)  # the bucket, then the rate
+    bucket = max(MIN_BURST, rate * 5 / 60)
+    assert len(in_a_minute) == pytest.approx(bucket + rate, abs=2)  # the bucket, then the rate
 
 
 def test_a_wait_budget_change_moves_the_rate_within_the_ceiling() -> None:
@@ -536,7 +545,7 @@ def test_a_booked_look_comes_due_inside_a_blackout_and_waits_for_its_end() -> No
     flow = _flow(entry, waiter, gov, clock, policy=WaitPolicy(poll=1.0, cap=1.0))
     next(flow)
     step = flow.send(LockContention("held"))
-    _empty(gov)
+    _empty(gov, clock)
     gov.reserve()  # the bucket is empty: the look will be booked a second ahead
     clock.now = step.until  # type: ignore[union-attr]
     step = flow.send(None)
