@@ -16,10 +16,12 @@ import json
 import os
 import shutil
 import signal
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import pg_select
 import psutil
 import pytest
 from volcano_airflow_testlib import Stack, running_celery_stack, volcano_conn_json
@@ -33,8 +35,24 @@ HOLDER, WAITER = "volcano_celery_holder", "volcano_celery_waiter"
 TTL, GRACE = 10, 1.0  # the holder's ttl; the server's takeover grace
 
 
+def _services_missing() -> str | None:
+    """Why the stack cannot run here (its PostgreSQL metadata or its Redis broker does not answer)."""
+    if problem := pg_select.connect_problem(pg_select.LOCAL_DSN):
+        return f"the Celery stack needs PostgreSQL at 127.0.0.1:5432: {problem}"
+    try:
+        with socket.create_connection(("127.0.0.1", 6379), timeout=3) as conn:
+            conn.sendall(b"PING\r\n")
+            if not conn.recv(16).startswith(b"+PONG"):
+                return "the Celery stack needs Redis at 127.0.0.1:6379: it did not answer PING"
+    except OSError as exc:
+        return f"the Celery stack needs Redis at 127.0.0.1:6379: {exc}"
+    return None
+
+
 @pytest.fixture(scope="module")
 def celery(airflow_db: Path, volcano_server, volcano_keys, tmp_path_factory) -> Iterator[Stack]:
+    if reason := _services_missing():  # skipped on a laptop without them; CI requires both
+        pg_select.unavailable(reason, os.environ.get(pg_select.REQUIRE_ENV) == "1")
     service_key, anon_key = volcano_keys
     root = tmp_path_factory.mktemp("celery")
     dags = root / "dags"
