@@ -8,6 +8,7 @@ blocking call returns, and whether Prefect will retry.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
 import time
@@ -46,6 +47,8 @@ filter by a fixed list of state names, and a run in a state named otherwise is h
 SKIPPED_MESSAGE_PREFIX = "Skipped: "
 """How a skipped run's state message starts (the body did not run): `is_skipped` reads it."""
 
+RECORDING_BOUND = 10.0
+"""Seconds a release or loss waits at most for the lock board's record of the acquisition."""
 _OLD_SKIPPED_NAME = "Skipped"  # the name states had before 0.x; still recognised in stored states
 
 
@@ -118,24 +121,47 @@ class RunReport:
         self.events = events
         self.log = log
         self.board = board if board is not None else LockBoard(key)
+        self._recording: threading.Thread | None = None
         self.loss = LossReport(self, retries_left=_retries_left(scope), cancels=cancels)
 
     def acquired(self, lease: LockLease) -> None:
-        """Say the lock is held, with the lease's fencing token; tell a previous holder's lapse first."""
+        """Say the lock is held, with the lease's fencing token; tell a previous holder's lapse first.
+
+        The body does not wait for this: the lock board's read, its re-check of a holder that looks
+        lapsed (up to a second) and the events go on a thread of their own (carrying the run's
+        context), and whatever is said next of this lease (released, lost) waits for it, so the
+        events keep their order: lapsed, acquired, released.
+        """
+        self.log.info(
+            "Acquired lock %r (fencing token %d, ttl %ds)", self.key, lease.fencing_token, lease.ttl
+        )
+        context = contextvars.copy_context()
+        self._recording = threading.Thread(
+            target=context.run,
+            args=(self._record_acquired, lease),
+            name=f"volcano-lock-board:{self.key}",
+            daemon=True,
+        )
+        self._recording.start()
+
+    def _record_acquired(self, lease: LockLease) -> None:
         facts = lease.facts()
         previous = self.board.previous_holder(facts)
         if previous is not None:
             self.lapsed(previous)
-        self.board.held(facts)
-        self.log.info(
-            "Acquired lock %r (fencing token %d, ttl %ds)", self.key, lease.fencing_token, lease.ttl
-        )
         self.events.emit(
             "acquired",
             fencing_token=lease.fencing_token,
             ttl=lease.ttl,
             expires_at=lease.expires_at.isoformat(),
         )
+        self.board.held(facts)
+
+    def settle(self) -> None:
+        """Wait for what `acquired` is still recording (bounded: a board that hangs only delays it)."""
+        recording, self._recording = self._recording, None
+        if recording is not None:
+            recording.join(RECORDING_BOUND)
 
     def lapsed(self, previous: dict[str, str]) -> None:
         """Say that the previous lease ended unreleased (its holder crashed or hung, or it was dropped)."""
@@ -168,6 +194,7 @@ class RunReport:
 
     def released(self, lease: LockLease) -> None:
         """Say the lock was released."""
+        self.settle()
         self.log.info("Released lock %r (fencing token %d)", self.key, lease.fencing_token)
         self.events.emit("released", fencing_token=lease.fencing_token)
         self.board.released(lease.facts())
@@ -255,6 +282,7 @@ class LossReport:
             self._told = True
         self.forced = self.force_released(exc, lease, time.monotonic())
         r = self._report
+        r.settle()
         r.log.error("%s", self.message(exc))
         r.events.emit(
             "lost",

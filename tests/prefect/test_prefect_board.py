@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -51,6 +52,20 @@ pytestmark = pytest.mark.usefixtures("volcano_env")
 
 CRASH_HOLDER = Path(__file__).with_name("crash_holder.py")
 UI_ASSETS = Path(prefect.server.__file__).with_name("ui") / "assets"
+
+
+def view_once(lock_key: str, state: str, fencing_token: object, bound: float = 15.0) -> dict[str, Any]:
+    """The lock's view once it says ``state`` for ``fencing_token``: the board is written beside the
+    body, not before it, so a look from inside the body may come a moment before the record."""
+    ends = time.monotonic() + bound
+    while True:
+        view = current_view(lock_key)
+        record = view["record"] if view else {}
+        if record.get("state") == state and record.get("fencing_token") == str(fencing_token):
+            return view  # type: ignore[return-value]
+        if time.monotonic() > ends:
+            raise AssertionError(f"the view never said {state} for fencing token {fencing_token}: {view}")
+        time.sleep(0.1)
 
 
 def current_view(lock_key: str) -> dict[str, Any] | None:
@@ -109,7 +124,7 @@ def test_the_current_view_names_the_holder_run_while_held_and_says_free_after(
     @locked_task(unique_key, ttl=30)
     @task
     def job() -> int:
-        seen["view"] = current_view(unique_key)
+        seen["view"] = view_once(unique_key, "held", current_lease().fencing_token)
         return current_lease().fencing_token
 
     @flow
@@ -192,9 +207,8 @@ def test_a_sigkilled_holder_leaves_a_lapsed_event_naming_its_token_and_flow_run(
             line = holder.stdout.readline()
             assert line.startswith("HOLDING"), line
             _, token, holder_run = line.split()
-            view = current_view(unique_key)
-            assert view is not None and view["record"]["state"] == "held"
-            assert view["record"]["flow_run_id"] == holder_run and view["record"]["fencing_token"] == token
+            view = view_once(unique_key, "held", token)
+            assert view["record"]["flow_run_id"] == holder_run
         finally:
             os.kill(holder.pid, signal.SIGKILL)
             holder.wait(30)
