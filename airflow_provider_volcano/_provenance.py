@@ -101,7 +101,10 @@ class HolderRecord:
 
     def describe(self) -> str:
         """The holder with its fencing token and since when, for waiting lines."""
-        return f"held by {self.names()} on {self.hostname}, fencing token {self.fencing_token}, since {self.acquired_at}"
+        return (
+            f"held by {self.names()} on {self.hostname}, fencing token {self.fencing_token}, "
+            f"since {self.acquired_at}"
+        )
 
 
 @dataclass(frozen=True)

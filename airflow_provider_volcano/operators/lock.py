@@ -493,7 +493,9 @@ class VolcanoLockOperator(BaseOperator):
                 value={"lock_key": self.lock_key, "since": datetime.now(UTC).isoformat(timespec="seconds")},
             )
         except Exception as exc:
-            self.log.warning("Could not tell the lock board that this task waits for %r: %s", self.lock_key, exc)
+            self.log.warning(
+                "Could not tell the lock board that this task waits for %r: %s", self.lock_key, exc
+            )
 
     def _still_waiting(self, holder: LockState | None, waited: float) -> None:
         """Look for a stranded handoff every few seconds of a wait in the worker slot; log every minute.
