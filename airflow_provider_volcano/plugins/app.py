@@ -15,7 +15,7 @@ import html
 import json
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Any
-from urllib.parse import parse_qs, quote
+from urllib.parse import parse_qs, quote, urlsplit
 
 from airflow.api_fastapi.common.db.common import SessionDep
 from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_dag
@@ -260,6 +260,10 @@ def confirm_page(lock_key: str, session: SessionDep, reader: ReaderDep) -> HTMLR
 @app.post("/release", response_class=HTMLResponse)
 async def release(request: Request, session: SessionDep, user: GetUserDep, reader: ReaderDep) -> HTMLResponse:
     """Force release a lock's lease (edit access to the holder's DAG), with an audit log entry."""
+    origin = request.headers.get("origin")
+    if origin and urlsplit(origin).netloc != request.headers.get("host"):
+        # Airflow's session cookie is SameSite=Lax; this refuses a cross-origin form post outright too.
+        raise HTTPException(403, f"cross-origin force release refused (origin {origin!r})")
     form = parse_qs((await request.body()).decode("utf-8", "replace"))
     lock_key = (form.get("lock_key") or [""])[0]
     raw_token = (form.get("fencing_token") or [""])[0]
@@ -268,7 +272,12 @@ async def release(request: Request, session: SessionDep, user: GetUserDep, reade
             400, f"lock_key and an integer fencing_token are required, got {lock_key!r}, {raw_token!r}"
         )
     fencing_token = int(raw_token)
-    fresh = collect(session, reader, direct=lock_key).rows[lock_key]
+    from volcano_locks import VolcanoError
+
+    try:
+        fresh = collect(session, reader, direct=lock_key).rows[lock_key]
+    except VolcanoError as exc:
+        return _page("Force release", f"<p>Nothing released: Volcano did not answer ({_e(exc)}).</p>")
     live = fresh.look.state
     assert live is not None  # look_now raises instead
     dag_id = _holder_dag(fresh)
