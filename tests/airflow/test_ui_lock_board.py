@@ -120,6 +120,22 @@ def _shot(target: Any, name: str) -> None:
     assert target.screenshot(path=str(path) if path else None)[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_the_board_routes_need_an_airflow_login(stack: Stack) -> None:
+    """Airflow mounts plugin apps without authenticating them: every route asks Airflow's auth."""
+    import urllib.error
+
+    for method, path in (
+        ("GET", "/volcano-locks/board"),
+        ("GET", "/volcano-locks/api/locks"),
+        ("GET", "/volcano-locks/ti/board_holder/r/hold/-1"),
+        ("GET", "/volcano-locks/confirm?lock_key=x"),
+        ("POST", "/volcano-locks/release"),
+    ):
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            stack.rest(method, path, {} if method == "POST" else None)
+        assert refused.value.code in (401, 403), (method, path, refused.value.code)
+
+
 def test_board_shows_holder_and_waiters_and_force_release_is_guarded(
     stack: Stack, volcano_server: Any, board_key: str
 ) -> None:
@@ -206,5 +222,12 @@ def test_board_shows_holder_and_waiters_and_force_release_is_guarded(
     )
     assert len(audit) == 1 and audit[0][:3] == ("admin", "board_holder", holder_run), audit
     assert json.loads(audit[0][3])["fencing_token"] == held.fencing_token
+    token = stack.rest("POST", "/auth/token", {"username": "viewer", "password": USERS["viewer"]})[
+        "access_token"
+    ]
+    board = stack.rest("GET", "/volcano-locks/api/locks", token=token)
+    named = {lock["lock_key"]: lock for lock in board["locks"]}[f"{board_key}-named"]
+    assert named["named_by"] == ["board_named"] and named["holder"] is None and not named["waiters"]
+    assert volcano_server.service_key not in json.dumps(board)
     for secret in (volcano_server.service_key,):
         assert secret not in log and secret not in json.dumps(audit)

@@ -2,6 +2,7 @@
 
 ``board_holder`` holds the lock ``VOLCANO_BOARD_KEY`` (environment) for up to four minutes;
 ``board_waiter_deferred`` waits for it in the triggerer and ``board_waiter_slot`` in its worker slot.
+``board_named`` never runs: its literal lock key is on the board because a parsed DAG names it.
 """
 
 from __future__ import annotations
@@ -40,3 +41,6 @@ with DAG(dag_id="board_waiter_slot", schedule=None, start_date=datetime(2026, 1,
     VolcanoLockOperator(
         task_id="wait", lock_key=KEY, ttl=6, python_callable=_done, deferrable=False, poll_interval=1.0
     )
+
+with DAG(dag_id="board_named", schedule=None, start_date=datetime(2026, 1, 1)):
+    VolcanoLockOperator(task_id="named", lock_key=f"{KEY}-named", ttl=6, python_callable=_done)
