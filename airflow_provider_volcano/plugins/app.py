@@ -15,11 +15,11 @@ import html
 import json
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Any
-from urllib.parse import parse_qs, quote, urlsplit
+from urllib.parse import quote, urlsplit
 
 from airflow.api_fastapi.common.db.common import SessionDep
 from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_dag
-from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi import Depends, FastAPI, Form, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 
 from airflow_provider_volcano._provenance import FORCED_PREFIX, ForcedRecord
@@ -258,20 +258,29 @@ def confirm_page(lock_key: str, session: SessionDep, reader: ReaderDep) -> HTMLR
 
 
 @app.post("/release", response_class=HTMLResponse)
-async def release(request: Request, session: SessionDep, user: GetUserDep, reader: ReaderDep) -> HTMLResponse:
-    """Force release a lock's lease (edit access to the holder's DAG), with an audit log entry."""
+def release(
+    request: Request,
+    session: SessionDep,
+    user: GetUserDep,
+    reader: ReaderDep,
+    lock_key: Annotated[str, Form()] = "",
+    fencing_token: Annotated[str, Form()] = "",
+) -> HTMLResponse:
+    """Force release a lock's lease (edit access to the holder's DAG), with an audit log entry.
+
+    A plain function: FastAPI runs it in its thread pool, so its database and Volcano calls never
+    block the api-server's event loop.
+    """
     origin = request.headers.get("origin")
     if origin and urlsplit(origin).netloc != request.headers.get("host"):
         # Airflow's session cookie is SameSite=Lax; this refuses a cross-origin form post outright too.
         raise HTTPException(403, f"cross-origin force release refused (origin {origin!r})")
-    form = parse_qs((await request.body()).decode("utf-8", "replace"))
-    lock_key = (form.get("lock_key") or [""])[0]
-    raw_token = (form.get("fencing_token") or [""])[0]
+    raw_token = fencing_token
     if not lock_key or not raw_token.isdigit():
         raise HTTPException(
             400, f"lock_key and an integer fencing_token are required, got {lock_key!r}, {raw_token!r}"
         )
-    fencing_token = int(raw_token)
+    token = int(raw_token)
     from volcano_locks import VolcanoError
 
     try:
@@ -291,14 +300,14 @@ async def release(request: Request, session: SessionDep, user: GetUserDep, reade
             ).body,
             status_code=403,
         )
-    if not live.held or live.fencing_token != fencing_token:
+    if not live.held or live.fencing_token != token:
         return _page(
             "Force release",
             f"<p>Nothing released: lock <code>{_e(lock_key)}</code> is no longer held with fencing token "
-            f"{fencing_token} (it is {'held with ' + str(live.fencing_token) if live.held else 'free'}).</p>",
+            f"{token} (it is {'held with ' + str(live.fencing_token) if live.held else 'free'}).</p>",
         )
     by = user.get_name()
-    record = ForcedRecord(lock_key, fencing_token, by, datetime.now(UTC).isoformat(timespec="seconds"))
+    record = ForcedRecord(lock_key, token, by, datetime.now(UTC).isoformat(timespec="seconds"))
     from airflow.models import Variable
     from airflow.models.log import Log
 
@@ -318,7 +327,7 @@ async def release(request: Request, session: SessionDep, user: GetUserDep, reade
         extra=json.dumps(
             {
                 "lock_key": lock_key,
-                "fencing_token": fencing_token,
+                "fencing_token": token,
                 "holder": holder.names() if holder else None,
             }
         ),
@@ -335,6 +344,6 @@ async def release(request: Request, session: SessionDep, user: GetUserDep, reade
     session.commit()
     return _page(
         "Force release",
-        f'<p class="done">Force-released lock <code>{_e(lock_key)}</code> (fencing token {fencing_token}) as '
+        f'<p class="done">Force-released lock <code>{_e(lock_key)}</code> (fencing token {token}) as '
         f'{_e(by)}; recorded in the audit log.</p><p><a href="board">Back to the board</a></p>',
     )

@@ -58,3 +58,19 @@ def test_a_force_release_record_names_who_and_which_lease() -> None:
     assert ForcedRecord.parse("other", record.to_json()) is None
     line = forced_line(record)
     assert "force-released by alice at 2026-12-01T03:20:00+00:00" in line and "fencing token 7" in line
+
+
+def test_a_waiting_line_names_the_holder_try_only_for_its_live_fencing_token() -> None:
+    from datetime import UTC, datetime
+
+    from airflow_provider_volcano.triggers.lock import waiting_facts
+    from volcano_locks import LockState
+
+    until = datetime(2026, 12, 1, 3, 13, tzinfo=UTC)
+    line = waiting_facts(LockState(held=True, expires_at=until, fencing_token=7), None, None, RECORD)
+    assert line.startswith(
+        "held by daily_rollup / scheduled__2026-12-01 / load try 2 on worker-1, fencing token 7"
+    )
+    assert until.isoformat() in line
+    newer = waiting_facts(LockState(held=True, expires_at=until, fencing_token=8), None, None, RECORD)
+    assert "daily_rollup" not in newer and "fencing token 8" in newer  # a stale record names no one
