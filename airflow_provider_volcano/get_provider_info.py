@@ -55,6 +55,12 @@ def get_provider_info() -> dict[str, Any]:
                 ],
             },
         ],
+        "plugins": [
+            {
+                "name": "volcano_locks",
+                "plugin-class": "airflow_provider_volcano.plugins.VolcanoLocksPlugin",
+            },
+        ],
         "task-decorators": [
             {
                 "name": "volcano_lock",

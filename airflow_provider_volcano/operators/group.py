@@ -164,6 +164,9 @@ class VolcanoLockGroupAcquireOperator(VolcanoLockOperator):
         group = {**facts, "ttl": self.ttl, "owner": owner}
         group["seal"] = seal_group(self.hook.config.service_key, group)  # a MAC, not a secret
         context["ti"].xcom_push(key=GROUP_XCOM_KEY, value=group)
+        from airflow_provider_volcano._provenance import write_holder
+
+        write_holder(context, self.lock_key, lease.fencing_token, self.ttl)  # the board's holder
         self.log.info(
             "Holding lock %r for the group (fencing token %s, ttl %s s, owner %s); its member tasks "
             "renew it while they run and the group's release task releases it",
@@ -288,6 +291,9 @@ def run_in_group(op: VolcanoLockOperator, context: Context) -> Any:
         op.log.info(
             "Running under the group's lock %r (fencing token %s, renewed at ttl %s s)", key, fencing, ttl
         )
+        from airflow_provider_volcano._provenance import write_holder
+
+        write_holder(context, key, fencing, ttl)  # the member running now is the one the board names
         keeper = LeaseKeeper(
             lease,
             lambda current, _timeout: client.renew(current.key, current),

@@ -9,7 +9,7 @@ import time
 import uuid
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
@@ -84,10 +84,16 @@ class _Handoff:
         return "an unknown time" if delay is None else f"{delay:.1f} s"
 
 
-def _holder_facts(state: LockState | None) -> str:
+def _holder_facts(state: LockState | None, lock_key: str | None = None) -> str:
+    from airflow_provider_volcano._provenance import read_holder
+
     if state is None or not state.held:
         return "held by another owner"
     expires = state.expires_at.isoformat() if state.expires_at is not None else "unknown"
+    known = lock_key is not None and state.fencing_token is not None
+    provenance = read_holder(lock_key, state.fencing_token) if known and lock_key else None
+    if provenance is not None:
+        return f"{provenance.describe()}, until {expires}"
     return f"held by another owner with fencing token {state.fencing_token} until {expires}"
 
 
@@ -186,6 +192,7 @@ class VolcanoLockOperator(BaseOperator):
         self._waiter: TaskIdentity | None = None  # the try waiting (frees stranded handoffs)
         self._reported_at = 0.0  # when the last "Still waiting" line was written (seconds waited)
         self._look_client: VolcanoLocks | None = None  # for the looks at handoffs during an in-slot wait
+        self._ti: Any = None  # the running task instance (for the in-slot waiting marker)
 
     # -- helpers ---------------------------------------------------------------------------------
 
@@ -314,6 +321,7 @@ class VolcanoLockOperator(BaseOperator):
         entered = False
         guard: LockGuard | None = None
         self._waiter, self._reported_at = self._identity(context, nonce), 0.0
+        self._ti = context["ti"]
         try:
             with contextlib.ExitStack() as stack:
                 stack.callback(client.close)
@@ -322,7 +330,7 @@ class VolcanoLockOperator(BaseOperator):
                 except WaitTimeout as exc:
                     raise VolcanoLockContended(
                         f"Timed out after {self.wait_timeout} s waiting for lock {self.lock_key!r}, "
-                        f"{_holder_facts(exc.holder)}"
+                        f"{_holder_facts(exc.holder, self.lock_key)}"
                     ) from None
                 except ConflictError as exc:  # either 409 on acquisition: contention
                     return self._contended(client, exc, context, deadline, nonce, handoff)
@@ -353,17 +361,20 @@ class VolcanoLockOperator(BaseOperator):
                     nonce,  # public: the token is derived from it and the service key
                 )
                 self._active, self._body_thread = guard, threading.get_ident()
+                from airflow_provider_volcano._provenance import write_holder
+
+                write_holder(context, self.lock_key, lease.fencing_token, self.ttl)
                 result = self._call(context, lease)
             # Belt and braces: a loss the keeper noticed as the block ended still fails the task.
             if guard is not None and guard.lost:
-                raise self._lost(guard.loss)
+                raise self._lost(guard.loss, lease)
             self.log.info("Released lock %r (fencing token %s)", self.lock_key, lease.fencing_token)
             return result
         except OwnershipLost as exc:
             if not entered:
                 # Our own lease lapsed between the trigger's acquisition and this resume.
                 return self._contended(None, exc, context, deadline, nonce, handoff)
-            raise self._lost(exc) from None
+            raise self._lost(exc, guard.lease if guard is not None else None) from None
         except BaseException:
             if (
                 entered
@@ -464,10 +475,27 @@ class VolcanoLockOperator(BaseOperator):
                     "triggerer without holding a slot, pass deferrable=True or set "
                     "[operators] default_deferrable = True.",
                     self.lock_key,
-                    _holder_facts(holder),
+                    _holder_facts(holder, self.lock_key),
                 )
                 wait_in_slot = True
                 request_id = str(uuid.uuid4())
+                self._note_waiting()
+
+    def _note_waiting(self) -> None:
+        """Tell the lock board this try waits in its slot, and since when (best effort)."""
+        from airflow_provider_volcano._provenance import WAITING_XCOM_KEY
+
+        if self._ti is None:
+            return
+        try:
+            self._ti.xcom_push(
+                key=WAITING_XCOM_KEY,
+                value={"lock_key": self.lock_key, "since": datetime.now(UTC).isoformat(timespec="seconds")},
+            )
+        except Exception as exc:
+            self.log.warning(
+                "Could not tell the lock board that this task waits for %r: %s", self.lock_key, exc
+            )
 
     def _still_waiting(self, holder: LockState | None, waited: float) -> None:
         """Look for a stranded handoff every few seconds of a wait in the worker slot; log every minute.
@@ -490,13 +518,14 @@ class VolcanoLockOperator(BaseOperator):
         self._reported_at = waited
         if holder is None or holder.fencing_token is None or holder.expires_at is None:
             holder = self._holder(client)  # a refused acquisition says neither who nor until when
+        from airflow_provider_volcano._provenance import read_holder
         from airflow_provider_volcano.triggers.lock import waiting_facts
 
         self.log.info(
             "Still waiting for lock %r in this worker slot after %.0f s; it is %s",
             self.lock_key,
             waited,
-            waiting_facts(holder, record, state),
+            waiting_facts(holder, record, state, read_holder(self.lock_key)),
         )
 
     def _look_at_handoff(self, client: VolcanoLocks) -> tuple[HandoffRecord | None, object]:
@@ -547,8 +576,17 @@ class VolcanoLockOperator(BaseOperator):
 
         clear_record(self.lock_key, lease.fencing_token, self.log, owner=self._waiter)
 
-    def _lost(self, exc: BaseException | None) -> VolcanoLockLost:
-        why = "the task was killed and released it" if self._killed else str(exc)
+    def _lost(self, exc: BaseException | None, lease: LockLease | None = None) -> VolcanoLockLost:
+        from airflow_provider_volcano._provenance import forced_line, read_forced
+
+        forced = None if self._killed or lease is None else read_forced(self.lock_key, lease.fencing_token)
+        if forced is not None:
+            self.log.error("Lock %r was force-released: %s", self.lock_key, forced_line(forced))
+        why = (
+            "the task was killed and released it"
+            if self._killed
+            else (forced_line(forced) if forced is not None else str(exc))
+        )
         return VolcanoLockLost(
             f"Lost ownership of lock {self.lock_key!r} while the task ran ({why}); "
             "the task is failed because its work is no longer protected by the lock"
@@ -564,7 +602,7 @@ class VolcanoLockOperator(BaseOperator):
         handoff: _Handoff | None = None,
     ) -> Any:
         holder = self._holder(client) if client is not None else None
-        facts = _holder_facts(holder)
+        facts = _holder_facts(holder, self.lock_key)
         allowance = self.handoff_ttl
         if handoff is not None:
             delay = handoff.delay()

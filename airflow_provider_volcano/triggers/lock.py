@@ -29,6 +29,7 @@ from airflow_provider_volcano._handoff import (
     unusable_because,
     write_record,
 )
+from airflow_provider_volcano._provenance import HolderRecord, read_holder
 from airflow_provider_volcano._tokens import TaskIdentity, derive_token
 
 if TYPE_CHECKING:
@@ -50,11 +51,22 @@ def _holder_facts(holder: LockState | None) -> str:
     return f"held with fencing token {holder.fencing_token}"
 
 
-def waiting_facts(holder: LockState | None, record: HandoffRecord | None, state: object) -> str:
-    """The holder as a waiting line names it: fencing token, until when, and whether it is a handoff."""
+def waiting_facts(
+    holder: LockState | None,
+    record: HandoffRecord | None,
+    state: object,
+    provenance: HolderRecord | None = None,
+) -> str:
+    """The holder as a waiting line names it: fencing token, until when, and whether it is a handoff.
+
+    With the holder's provenance record (:mod:`airflow_provider_volcano._provenance`) naming the live
+    fencing token, the line names the holding task try too.
+    """
     if holder is None or not holder.held or holder.fencing_token is None:
         return "held by another owner (not read yet)"
     until = holder.expires_at.isoformat() if holder.expires_at is not None else "an unknown time"
+    if provenance is not None and provenance.fencing_token == holder.fencing_token:
+        return f"{provenance.describe()}, until {until}"
     return (
         f"held with fencing token {holder.fencing_token} until {until}; "
         f"{describe(record, holder.fencing_token, state)}"
@@ -81,6 +93,7 @@ class _HandoffWatch:
     users: int = 0
     record: HandoffRecord | None = None
     state: object = None
+    provenance: HolderRecord | None = None
     task: asyncio.Task[None] | None = None
 
     read: asyncio.Future[LockState | None] | None = None
@@ -139,6 +152,7 @@ async def _look_once(watch: _HandoffWatch, client: AsyncVolcanoLocks, service_ke
 
     record = await sync_to_async(read_record)(watch.key)
     watch.record = record
+    watch.provenance = await sync_to_async(read_holder)(watch.key)
     if record is not None and all(record.owner != w for w, _, _ in list(watch.waiters.values())):
         watch.state = await sync_to_async(owner_state)(record.owner)
         reason = watch.unusable_because(record)
@@ -281,7 +295,7 @@ async def wait_for_lock(
             "Still waiting for lock %r after %.0f s; it is %s",
             key,
             waited,
-            waiting_facts(holder, watch.record, watch.state),
+            waiting_facts(holder, watch.record, watch.state, watch.provenance),
         )
 
     async def read_and_report(waited: float) -> None:

@@ -1,0 +1,363 @@
+"""What the lock board shows: every lock the deployment uses, its live state, its holder and its line.
+
+The metadata database says which locks the deployment uses and who is in them: holder records and
+handoff records (Variables), deferred task instances whose trigger is a
+:class:`~airflow_provider_volcano.triggers.lock.VolcanoLockTrigger` (the lock key is in the trigger's
+kwargs), tasks waiting in their worker slot (the ``volcano_waiting`` XCom) and literal ``lock_key``
+arguments of parsed DAGs. Volcano says who holds each lock now; those looks go through
+:class:`GovernedReader`, so the page never spends what the holders need.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_volcano._handoff import VARIABLE_PREFIX as HANDOFF_PREFIX
+from airflow_provider_volcano._handoff import HandoffRecord
+from airflow_provider_volcano._provenance import HOLDER_PREFIX, WAITING_XCOM_KEY, HolderRecord
+from volcano_locks.clock import lease_clock
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+    from volcano_locks import LockState, VolcanoLocks
+
+__all__ = ["TRIGGER_CLASSPATH", "Board", "GovernedReader", "Holder", "LockRow", "Look", "Waiter", "collect"]
+
+log = logging.getLogger(__name__)
+
+TRIGGER_CLASSPATH = "airflow_provider_volcano.triggers.lock.VolcanoLockTrigger"
+REFRESH_INTERVAL = 10.0
+"""Seconds a look at one lock is reused before the board may spend another (the page's refresh)."""
+
+
+@dataclass(frozen=True)
+class Look:
+    """A lock's live state as the board last read it (``state`` is ``None``: not read yet)."""
+
+    state: LockState | None
+    read_at: datetime | None
+    error: str | None = None
+
+
+class GovernedReader:
+    """Reads locks from Volcano at most once per lock per refresh interval, from the waiting budget.
+
+    Each look reserves a request from the core's governor (the waiting budget of the credential, the
+    same one the process's waiters share) and is sent only if the governor admits it now; otherwise
+    the reservation is handed back and the board shows the last look (or "not read yet"). Keeping
+    requests (renewals, releases) are never delayed by the governor, so the board cannot cost the
+    holders a refused renewal; it costs at most its budget, whatever the number of locks.
+
+    :param client: the Volcano client (its governor is the credential's).
+    :param refresh: seconds a look is reused.
+    :param clock: the lease clock (the governor's), injectable for tests.
+    """
+
+    def __init__(
+        self,
+        client: VolcanoLocks,
+        refresh: float = REFRESH_INTERVAL,
+        clock: Callable[[], float] = lease_clock,
+    ) -> None:
+        self._client = client
+        self._refresh = refresh
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._cache: dict[str, tuple[float, Look]] = {}
+        self.sent = 0
+        """Looks sent to Volcano so far (the page's whole cost)."""
+
+    def look(self, key: str) -> Look:
+        """The lock's state: a fresh look if one is due and the budget admits it, else the last one."""
+        from volcano_locks import VolcanoError
+
+        governor = self._client.governor
+        with self._lock:
+            now = self._clock()
+            cached = self._cache.get(key)
+            if cached is not None and now - cached[0] < self._refresh:
+                return cached[1]
+            if governor.reserve() > self._clock():
+                governor.refund()  # not admitted now: the page waits, the holders never do
+                return cached[1] if cached is not None else Look(None, None)
+            self._cache[key] = (now, cached[1] if cached is not None else Look(None, None))
+            self.sent += 1
+        try:
+            governor.note_waiting()
+            look = Look(self._client.get(key), datetime.now(UTC))
+        except VolcanoError as exc:
+            look = Look(None, datetime.now(UTC), error=f"{type(exc).__name__}: {exc}")
+        with self._lock:
+            self._cache[key] = (now, look)
+        return look
+
+    def look_now(self, key: str) -> Look:
+        """A look for a user's direct action (force release): the keeping lane, never delayed."""
+        look = Look(self._client.get(key), datetime.now(UTC))
+        with self._lock:
+            self._cache[key] = (self._clock(), look)
+        return look
+
+    def force_release(self, key: str) -> None:
+        """End the lock's current lease, whoever holds it (a user's direct action)."""
+        self._client.force_release(key)
+
+
+@dataclass(frozen=True)
+class Holder:
+    """The task try holding a lock, when it is in this deployment."""
+
+    dag_id: str
+    run_id: str
+    task_id: str
+    map_index: int
+    try_number: int
+    hostname: str | None
+    acquired_at: str | None
+    last_renewal: datetime | None
+    handoff: bool = False
+
+    def names(self) -> str:
+        """The try as the board names it."""
+        mapped = f" [{self.map_index}]" if self.map_index >= 0 else ""
+        return f"{self.dag_id} / {self.run_id} / {self.task_id}{mapped} try {self.try_number}"
+
+
+@dataclass(frozen=True)
+class Waiter:
+    """A task instance waiting for a lock: deferred (its trigger waits) or in its worker slot."""
+
+    dag_id: str
+    run_id: str
+    task_id: str
+    map_index: int
+    try_number: int
+    since: datetime
+    where: str
+
+    def names(self) -> str:
+        """The task instance as the board names it."""
+        mapped = f" [{self.map_index}]" if self.map_index >= 0 else ""
+        return f"{self.dag_id} / {self.run_id} / {self.task_id}{mapped} try {self.try_number}"
+
+    def waited(self, now: datetime) -> timedelta:
+        """How long it has waited."""
+        return max(timedelta(0), now - self.since)
+
+
+@dataclass
+class LockRow:
+    """One lock on the board."""
+
+    key: str
+    look: Look = field(default_factory=lambda: Look(None, None))
+    holder: Holder | None = None
+    waiters: list[Waiter] = field(default_factory=list)
+    named_by: set[str] = field(default_factory=set)
+
+    @property
+    def held(self) -> bool | None:
+        """Held now (``None``: not read yet)."""
+        return None if self.look.state is None else self.look.state.held
+
+    def expires_in(self, now: datetime) -> float | None:
+        """Seconds until the live lease expires."""
+        state = self.look.state
+        if state is None or state.expires_at is None:
+            return None
+        return (state.expires_at - now).total_seconds()
+
+
+@dataclass
+class Board:
+    """The board: its rows by key and the looks it cost."""
+
+    rows: dict[str, LockRow]
+    now: datetime
+
+    def row_of(self, dag_id: str, run_id: str, task_id: str, map_index: int) -> tuple[LockRow, int] | None:
+        """The lock a task instance holds (place 0) or waits for (its place in line, from 1)."""
+        for row in self.rows.values():
+            h = row.holder
+            if h is not None and (h.dag_id, h.run_id, h.task_id, h.map_index) == (
+                dag_id,
+                run_id,
+                task_id,
+                map_index,
+            ):
+                return row, 0
+            for place, w in enumerate(row.waiters, start=1):
+                if (w.dag_id, w.run_id, w.task_id, w.map_index) == (dag_id, run_id, task_id, map_index):
+                    return row, place
+        return None
+
+
+def _variables(session: Session, prefix: str) -> Iterable[tuple[str, Any]]:
+    from airflow.models import Variable
+
+    for var in session.query(Variable).filter(
+        Variable.key.like(prefix.replace("_", r"\_") + "%", escape="\\")
+    ):
+        yield var.key[len(prefix) :], var.val
+
+
+def _aware(value: datetime | None) -> datetime:
+    if value is None:
+        return datetime.now(UTC)
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+def _deferred_waiters(session: Session) -> Iterable[tuple[str, Waiter]]:
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.models.trigger import Trigger
+    from airflow.utils.state import TaskInstanceState
+
+    rows = (
+        session.query(TaskInstance, Trigger)
+        .join(Trigger, TaskInstance.trigger_id == Trigger.id)
+        .filter(TaskInstance.state == TaskInstanceState.DEFERRED, Trigger.classpath == TRIGGER_CLASSPATH)
+    )
+    for ti, trigger in rows:
+        try:
+            key = trigger.kwargs.get("lock_key")
+        except Exception as exc:  # a trigger row this process cannot decrypt: say so, show the rest
+            log.warning("could not read the kwargs of trigger %s: %s", trigger.id, exc)
+            continue
+        if isinstance(key, str):
+            yield (
+                key,
+                Waiter(
+                    ti.dag_id,
+                    ti.run_id,
+                    ti.task_id,
+                    ti.map_index,
+                    ti.try_number,
+                    _aware(trigger.created_date),
+                    "deferred",
+                ),
+            )
+
+
+def _slot_waiters(session: Session) -> Iterable[tuple[str, Waiter]]:
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.models.xcom import XComModel
+    from airflow.utils.state import TaskInstanceState
+
+    rows = (
+        session.query(XComModel, TaskInstance)
+        .join(
+            TaskInstance,
+            (TaskInstance.dag_id == XComModel.dag_id)
+            & (TaskInstance.run_id == XComModel.run_id)
+            & (TaskInstance.task_id == XComModel.task_id)
+            & (TaskInstance.map_index == XComModel.map_index),
+        )
+        .filter(XComModel.key == WAITING_XCOM_KEY, TaskInstance.state == TaskInstanceState.RUNNING)
+    )
+    for xcom, ti in rows:
+        value = XComModel.deserialize_value(xcom)
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                continue
+        if not isinstance(value, Mapping) or not isinstance(value.get("lock_key"), str):
+            continue
+        try:
+            since = datetime.fromisoformat(str(value.get("since")))
+        except ValueError:
+            since = _aware(xcom.timestamp)
+        yield (
+            value["lock_key"],
+            Waiter(
+                ti.dag_id,
+                ti.run_id,
+                ti.task_id,
+                ti.map_index,
+                ti.try_number,
+                _aware(since),
+                "in its worker slot",
+            ),
+        )
+
+
+def _dag_keys(session: Session) -> Iterable[tuple[str, str]]:
+    """Literal ``lock_key`` arguments of the parsed DAGs' Volcano tasks (templated keys are not known)."""
+    from airflow.models.serialized_dag import SerializedDagModel
+
+    for sdm in session.query(SerializedDagModel):
+        try:
+            data = sdm.data or {}
+            tasks = data.get("dag", {}).get("tasks", [])
+        except Exception:
+            continue
+        for task in tasks:
+            var = task.get("__var", task) if isinstance(task, Mapping) else {}
+            key = var.get("lock_key") if isinstance(var, Mapping) else None
+            if isinstance(key, str) and key and "{{" not in key and "{%" not in key:
+                yield key, str(data.get("dag", {}).get("dag_id", ""))
+
+
+def collect(
+    session: Session, reader: GovernedReader | None, now: datetime | None = None, *, direct: str | None = None
+) -> Board:
+    """Build the board from the metadata database and (if ``reader``) Volcano's live states.
+
+    :param direct: a key read at once (:meth:`GovernedReader.look_now`), for a user's action on it.
+    """
+    rows: dict[str, LockRow] = {}
+
+    def row(key: str) -> LockRow:
+        return rows.setdefault(key, LockRow(key))
+
+    holders = {key: HolderRecord.parse(key, text) for key, text in _variables(session, HOLDER_PREFIX)}
+    handoffs = {key: HandoffRecord.parse(key, text) for key, text in _variables(session, HANDOFF_PREFIX)}
+    for key in (*holders, *handoffs, *([direct] if direct else [])):
+        row(key)
+    for key, waiter in (*_deferred_waiters(session), *_slot_waiters(session)):
+        row(key).waiters.append(waiter)
+    for key, dag_id in _dag_keys(session):
+        row(key).named_by.add(dag_id)
+
+    for key, lock in rows.items():
+        lock.waiters.sort(key=lambda w: (w.since, w.dag_id, w.run_id, w.task_id, w.map_index))
+        if reader is not None:
+            lock.look = reader.look_now(key) if key == direct else reader.look(key)
+        state = lock.look.state
+        if state is None or not state.held or state.fencing_token is None:
+            continue
+        held, handoff = holders.get(key), handoffs.get(key)
+        if held is not None and held.fencing_token == state.fencing_token:
+            renewal = state.expires_at - timedelta(seconds=held.ttl) if state.expires_at else None
+            lock.holder = Holder(
+                held.dag_id,
+                held.run_id,
+                held.task_id,
+                held.map_index,
+                held.try_number,
+                held.hostname,
+                held.acquired_at,
+                renewal,
+            )
+        elif handoff is not None and handoff.fencing_token == state.fencing_token:
+            o = handoff.owner
+            lock.holder = Holder(
+                o.dag_id, o.run_id, o.task_id, o.map_index, o.try_number, None, None, None, True
+            )
+        # a holder (or waiter) that holds the lock is not in its line
+        if lock.holder is not None:
+            h = lock.holder
+            lock.waiters = [
+                w
+                for w in lock.waiters
+                if (w.dag_id, w.run_id, w.task_id, w.map_index)
+                != (h.dag_id, h.run_id, h.task_id, h.map_index)
+            ]
+    return Board(rows=dict(sorted(rows.items())), now=now or datetime.now(UTC))

@@ -1,0 +1,233 @@
+"""The "Volcano locks" page and a task instance's Lock tab, in a real browser against a running stack.
+
+One stack (api-server with the UI, dag processor, scheduler with LocalExecutor, triggerer) on a copy of
+the session's metadata database, two simple-auth-manager users (``admin``, and ``viewer`` who may read
+DAGs but not edit them), the session's local Volcano server. ``board_holder`` holds the lock;
+``board_waiter_deferred`` then ``board_waiter_slot`` wait for it (in the triggerer, in a worker slot).
+The page must show the holder's task try and the two waiters in that order, the waiter's Lock tab the
+same; the viewer's force release is refused and the lock stays held; the admin's ends the lease, the
+holder task fails naming the force release and its author, both waiters then run, and the audit log
+has the entry.
+
+Set ``VOLCANO_UPDATE_SCREENSHOTS=1`` to write the screenshots to providers/volcano/docs/images/.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from volcano_airflow_testlib import Stack, running_stack, volcano_conn_json
+
+from volcano_locks import VolcanoLocks
+
+CHROMIUM = Path(os.environ.get("VOLCANO_TEST_CHROMIUM", "/usr/bin/chromium"))
+STACK_DAGS = Path(__file__).resolve().parent / "stack_dags"
+IMAGES = Path(__file__).resolve().parents[2] / "providers" / "volcano" / "docs" / "images"
+USERS = {"admin": "volcano-board-admin", "viewer": "volcano-board-viewer"}
+
+sync_api = pytest.importorskip(
+    "playwright.sync_api", reason="the playwright package is not installed (test dependency group)"
+)
+if not CHROMIUM.is_file():
+    pytest.skip(
+        f"no browser at {CHROMIUM} (install Debian's chromium or set VOLCANO_TEST_CHROMIUM)",
+        allow_module_level=True,
+    )
+
+
+@pytest.fixture(scope="module")
+def board_key() -> str:
+    return f"board-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture(scope="module")
+def stack(
+    airflow_db: Path, volcano_server, volcano_keys, board_key: str, tmp_path_factory
+) -> Iterator[Stack]:  # type: ignore[no-untyped-def]
+    service_key, anon_key = volcano_keys
+    root = tmp_path_factory.mktemp("board")
+    dags = root / "dags"
+    dags.mkdir()
+    shutil.copy(STACK_DAGS / "volcano_board_dags.py", dags)
+    (root / "passwords.json").write_text(json.dumps(USERS))
+    extra = {
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin,viewer:viewer",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(root / "passwords.json"),
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
+        "VOLCANO_BOARD_KEY": board_key,
+        # Airflow loads provider plugins only when it discovers providers eagerly (3.3: lazy by default).
+        "AIRFLOW__CORE__LAZY_DISCOVER_PROVIDERS": "False",
+    }
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(
+            "AIRFLOW_CONN_VOLCANO_DEFAULT",
+            volcano_conn_json(volcano_server.url, service_key, anon_key=anon_key),
+        )
+        with running_stack(airflow_db, root, dags, apps="all", extra_env=extra) as s:
+            s.wait_for_api()
+            for dag_id in ("board_holder", "board_waiter_deferred", "board_waiter_slot"):
+                s.unpause_when_parsed(dag_id, timeout=180)
+            yield s
+
+
+def _until(stack: Stack, what: str, check, timeout: float = 180.0):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while True:
+        stack.alive()
+        value = check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.5)
+
+
+def _state(stack: Stack, dag_id: str) -> str | None:
+    rows = stack.query("SELECT state FROM task_instance WHERE dag_id = ?", dag_id)
+    return rows[0][0] if rows else None
+
+
+def _login(browser: Any, url: str, user: str) -> Any:
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.set_default_timeout(30_000)
+    page.goto(f"{url}/plugin/volcano-locks")
+    page.get_by_role("button", name="Sign in").wait_for()
+    page.get_by_label("Username").fill(user)
+    page.get_by_label("Password").fill(USERS[user])
+    page.get_by_role("button", name="Sign in").click()
+    page.wait_for_url("**/plugin/volcano-locks**")
+    return page
+
+
+def _board_row(page: Any, key: str) -> Any:
+    frame = page.frame_locator("iframe[title='Volcano locks']")
+    row = frame.locator(f"tr[data-lock='{key}']")
+    row.wait_for()
+    return frame, row
+
+
+def _shot(target: Any, name: str) -> None:
+    path = IMAGES / name if os.environ.get("VOLCANO_UPDATE_SCREENSHOTS") == "1" else None
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    assert target.screenshot(path=str(path) if path else None)[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_board_routes_need_an_airflow_login(stack: Stack) -> None:
+    """Airflow mounts plugin apps without authenticating them: every route asks Airflow's auth."""
+    import urllib.error
+
+    for method, path in (
+        ("GET", "/volcano-locks/board"),
+        ("GET", "/volcano-locks/api/locks"),
+        ("GET", "/volcano-locks/ti/board_holder/r/hold/-1"),
+        ("GET", "/volcano-locks/confirm?lock_key=x"),
+        ("POST", "/volcano-locks/release"),
+    ):
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            stack.rest(method, path, {} if method == "POST" else None)
+        assert refused.value.code in (401, 403), (method, path, refused.value.code)
+
+
+def test_board_shows_holder_and_waiters_and_force_release_is_guarded(
+    stack: Stack, volcano_server: Any, board_key: str
+) -> None:
+    holder_run = "board__holder"
+    stack.cli("dags", "trigger", "board_holder", "--run-id", holder_run)
+    _until(
+        stack,
+        "the holder's record",
+        lambda: stack.query("SELECT 1 FROM variable WHERE key = ?", f"volcano_lock_holder:{board_key}"),
+    )
+    stack.cli("dags", "trigger", "board_waiter_deferred", "--run-id", "board__first")
+    _until(stack, "the deferred waiter", lambda: _state(stack, "board_waiter_deferred") == "deferred")
+    stack.cli("dags", "trigger", "board_waiter_slot", "--run-id", "board__second")
+    _until(
+        stack,
+        "the in-slot waiter's marker",
+        lambda: stack.query(
+            "SELECT 1 FROM xcom WHERE dag_id = 'board_waiter_slot' AND key = 'volcano_waiting'"
+        ),
+    )
+    with VolcanoLocks(volcano_server.url, service_key=volcano_server.service_key) as outside:
+        held = outside.get(board_key)
+    assert held.held and held.fencing_token is not None
+
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
+        try:
+            admin = _login(browser, stack.url, "admin")
+            frame, row = _board_row(admin, board_key)
+            row.get_by_text("held", exact=True).wait_for()
+            text = row.inner_text()
+            assert f"fencing token {held.fencing_token}" in text
+            assert f"board_holder / {holder_run} / hold try 1" in text
+            waiters = row.locator("li.waiter").all_inner_texts()
+            assert len(waiters) == 2, waiters
+            assert waiters[0].startswith("board_waiter_deferred / board__first / wait try 1 (deferred")
+            assert waiters[1].startswith("board_waiter_slot / board__second / wait try 1 (in its worker slot")
+            _shot(admin, "volcano-lock-board.png")
+
+            # The waiter's Lock tab: the same lock, and its place in line.
+            admin.goto(
+                f"{stack.url}/dags/board_waiter_slot/runs/board__second/tasks/wait/plugin/volcano-lock"
+            )
+            tab = admin.frame_locator("iframe[title='Lock']")
+            tab.get_by_text("number 2 in line of 2").wait_for()
+            tab_row = tab.locator(f"tr[data-lock='{board_key}']")
+            assert f"board_holder / {holder_run} / hold try 1" in tab_row.inner_text()
+            assert tab_row.locator("li.waiter").all_inner_texts()[0].startswith("board_waiter_deferred")
+            _shot(admin, "volcano-lock-tab.png")
+
+            # The viewer may read the board but not force release: refused, the lock stays held.
+            viewer = _login(browser, stack.url, "viewer")
+            vframe, vrow = _board_row(viewer, board_key)
+            vrow.get_by_role("button", name="Force release…").click()
+            vframe.get_by_role("button", name=f"Force release lease {held.fencing_token}").click()
+            vframe.get_by_text("Refused: user viewer may not edit DAG 'board_holder'").wait_for()
+            with VolcanoLocks(volcano_server.url, service_key=volcano_server.service_key) as outside:
+                assert outside.get(board_key).fencing_token == held.fencing_token
+
+            # The admin confirms after reading what happens, and the lease ends.
+            admin.goto(f"{stack.url}/plugin/volcano-locks")
+            frame, row = _board_row(admin, board_key)
+            row.get_by_role("button", name="Force release…").click()
+            frame.get_by_text("fencing rejects its late writes").wait_for()
+            _shot(admin, "volcano-lock-force-release.png")
+            frame.get_by_role("button", name=f"Force release lease {held.fencing_token}").click()
+            frame.get_by_text(
+                f"Force-released lock {board_key} (fencing token {held.fencing_token})"
+            ).wait_for()
+        finally:
+            browser.close()
+
+    _until(stack, "the holder's failure", lambda: _state(stack, "board_holder") == "failed", 90)
+    log = stack.logs(holder_run)
+    assert "it was force-released by admin" in log, log[-3000:]
+    for dag_id in ("board_waiter_deferred", "board_waiter_slot"):
+        _until(stack, f"{dag_id} to run", lambda d=dag_id: _state(stack, d) == "success", 120)
+    # Each waiter's log named the holder try (its provenance record), not just its fencing token.
+    named = f"held by board_holder / {holder_run} / hold try 1 on "
+    for run_id in ("board__first", "board__second"):
+        assert named in stack.logs(run_id), run_id
+    audit = stack.query(
+        "SELECT owner, dag_id, run_id, extra FROM log WHERE event = 'volcano_lock_force_release'"
+    )
+    assert len(audit) == 1 and audit[0][:3] == ("admin", "board_holder", holder_run), audit
+    assert json.loads(audit[0][3])["fencing_token"] == held.fencing_token
+    token = stack.rest("POST", "/auth/token", {"username": "viewer", "password": USERS["viewer"]})[
+        "access_token"
+    ]
+    board = stack.rest("GET", "/volcano-locks/api/locks", token=token)
+    named = {lock["lock_key"]: lock for lock in board["locks"]}[f"{board_key}-named"]
+    assert named["named_by"] == ["board_named"] and named["holder"] is None and not named["waiters"]
+    assert volcano_server.service_key not in json.dumps(board)
+    for secret in (volcano_server.service_key,):
+        assert secret not in log and secret not in json.dumps(audit)
