@@ -36,7 +36,7 @@ After each *quiet* window (this process waited and saw no 429) the rate climbs b
 of itself, so N waiting processes sharing ``W`` a minute climb about ``W / 20`` a window together
 whatever N is (at most 3 a minute each at the default budget of 120, at least half a request each).
 The window that finds the edge overshoots by about that climb and runs out ``60 * climb / (600 +
-climb)`` seconds early: 1 to 2 s when holders leave 300 a minute to 3-12 waiting processes, about 3 s
+climb)`` seconds early: 1 to 2 s when holders leave 300 a minute to 3-12 waiting processes, up to 5 s
 for 24 (the simulated fleets in ``tests/core/test_governor.py``). A holder renewing at a third of
 its TTL ``t`` whose renewal is refused retries at ``Retry-After`` (:mod:`volcano_locks.renewal`), so
 it rides out a blackout of ``R`` seconds while ``R < 2 t / 3 - 1`` (less one request's time):
@@ -45,10 +45,11 @@ it rides out a blackout of ``R`` seconds while ``R < 2 t / 3 - 1`` (less one req
 **Cold start.** A process knows nothing of the fleet when it starts, and a fleet whose budgets and
 holders sum past 600 would find the edge in its first window by the whole excess: six processes
 starting at the default 120 beside holders spending 100 ran the window out 15 s early and every
-holder at ``ttl=15`` lost its lock. So a process starts at a quarter of its ceiling
-(:data:`START_SHARE`: 30 a minute at the default budget; six of them and the holders stay near 280)
-and, until its first 429, grows by :data:`START_GROWTH` (15 %) after each window in which it used at
-least half its rate: a fleet growing together crosses the edge by at most 15 % of what it then spends,
+holder at ``ttl=15`` lost its lock. So a process starts at half its ceiling (:data:`START_SHARE`:
+60 a minute at the default budget, one look a second: what a triggerer needs to notice a release on
+one key as quickly as before) and, until its first 429, grows by :data:`START_GROWTH` (15 %) after
+each window in which it used at least half its rate: a fleet growing together crosses the edge by at
+most 15 % of what it then spends,
 so the window that finds the edge runs out at most ``60 * 0.15 / 1.15`` = 7.8 s early, inside what a
 holder at ``ttl=15`` survives (9 s, below). The bucket holds at least :data:`MIN_BURST` requests,
 so a fresh process's first attempts and looks go at once; a waiter's first attempt is billed like any
@@ -127,7 +128,7 @@ CUT_MARGIN = 0.7
 """After a 429 the waiting rate lands this far under the edge the window showed."""
 RECOVERY_SHARE = 1 / 40
 """A quiet window raises the waiting rate by twice this share of itself, at most this share of its ceiling."""
-START_SHARE = 0.25
+START_SHARE = 0.5
 """A process starts waiting at this share of its ceiling (see "Cold start" in the module docstring)."""
 START_GROWTH = 1.15
 """Until its first 429, each busy quiet window multiplies the waiting rate by this, up to the ceiling."""
@@ -349,7 +350,7 @@ class Governor:
         self._keeping = self._window_sent - self._window_waiting if window == self._window + 1 else 0
         ceiling = self._ceiling()
         if quiet and not self._windows_cut:
-            self._rate *= START_GROWTH  # no edge found yet: probe for it, a quarter more a window
+            self._rate *= START_GROWTH  # no edge found yet: probe for it, 15 % more a busy window
         elif quiet:
             self._rate += min(ceiling * RECOVERY_SHARE, max(MIN_RECOVERY, self._rate * RECOVERY_SHARE * 2))
         self._rate = min(self._rate, ceiling)

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import random
@@ -116,12 +117,17 @@ class WaitPolicy:
         factor: Each look that finds the same holder waits this many times longer, ...
         cap: ... up to this many seconds (never below ``poll``).
         report_every: Seconds between ``on_waiting`` reports.
+        follow_turnover: While the lock passes a line (its holder has held less than twice what its
+            predecessor did), keep looking every ``poll`` instead of backing off. For a poller that
+            stands for many waiters (the Airflow triggerer: one poll per key for all its triggers);
+            separate waiting processes leave it off, since each of them would look that often.
     """
 
     poll: float = 1.0
     factor: float = 1.6
     cap: float = 20.0
     report_every: float = 60.0
+    follow_turnover: bool = False
 
     def grown(self, delay: float, *, renewing: bool = False) -> float:
         """The delay after ``delay``: multiplied by ``factor`` (squared for a renewing holder), capped."""
@@ -239,6 +245,20 @@ class _KeyWait:
     next_look_at: float = -math.inf
     free_seen: bool = False
     woken: bool = False
+    changed_at: float | None = None  # lease-clock time the current holder was first seen
+    tenure: float | None = None  # how long the holder before it held, as seen from here
+
+    def changed_hands(self, now: float) -> None:
+        """The lock has a new holder since the last look: remember how long the previous one held."""
+        if self.changed_at is not None:
+            self.tenure = now - self.changed_at
+        self.changed_at = now
+
+    def in_turnover(self, now: float) -> bool:
+        """The lock is passing a line: its holder has held less than twice its predecessor's tenure."""
+        if self.tenure is None or self.changed_at is None:
+            return False
+        return now - self.changed_at < 2 * self.tenure
 
     def head(self) -> _Waiter | None:
         with self.lock:
@@ -261,7 +281,7 @@ class _KeyWait:
         if was_head and head is not None:
             head.signal.set()
 
-    def seen_held(self, state: LockState) -> None:
+    def seen_held(self, state: LockState, now: float) -> None:
         """Fold in a look (or a refusal) that found the lock held: renewing? changed hands?"""
         old = self.holder
         if old is not None and (
@@ -273,6 +293,7 @@ class _KeyWait:
             )
         ):
             self.delay = None  # the lock changed hands since the last look: a line is passing
+            self.changed_hands(now)
         self.renewing = (
             old is not None
             and old.fencing_token is not None
@@ -505,7 +526,10 @@ def _settle(
         entry.next_look_at = now + poll_delay(
             holder, poll=delay, now=wall, draw=rng(), renewing=entry.renewing
         )
-        entry.delay = policy.grown(delay, renewing=entry.renewing)
+        # A poller for many waiters keeps looking every poll while a line passes (the next handoff is
+        # due); past twice the last tenure it is a long holder: back off, cost little.
+        if not (policy.follow_turnover and entry.in_turnover(now)):
+            entry.delay = policy.grown(delay, renewing=entry.renewing)
 
     if isinstance(outcome, LockLease):
         waiter.direct = waiter.uncertain = False
@@ -515,11 +539,12 @@ def _settle(
             entry.renewing = False
             entry.free_seen = False
             entry.delay = None
+            entry.changed_hands(now)  # our own waiter holds it now: the next in line times its tenure
         entry.next_look_at = now + poll_delay(None, poll=policy.poll, now=wall, draw=rng())
         return outcome
     if isinstance(outcome, LockState):
         if outcome.held:
-            entry.seen_held(outcome)
+            entry.seen_held(outcome, now)
             look_later(outcome)
         else:
             entry.holder, entry.free_seen = outcome, True
@@ -528,7 +553,7 @@ def _settle(
         waiter.direct = waiter.uncertain = False
         waiter.request_id = None
         state = outcome.holder or entry.holder or LockState(held=True)
-        entry.seen_held(state)
+        entry.seen_held(state, now)
         look_later(state)
         return None
     if isinstance(outcome, RateLimited):
@@ -574,9 +599,7 @@ def _new_waiter(
 
 def _policy(poll: float, policy: WaitPolicy | None) -> WaitPolicy:
     base = policy or WaitPolicy()
-    return WaitPolicy(
-        poll=float(poll), factor=base.factor, cap=max(base.cap, float(poll)), report_every=base.report_every
-    )
+    return dataclasses.replace(base, poll=float(poll), cap=max(base.cap, float(poll)))
 
 
 def wait_acquire(

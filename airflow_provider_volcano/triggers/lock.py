@@ -323,10 +323,11 @@ async def wait_for_lock(
                 token=token,
                 poll=poll,
                 on_waiting=still_waiting,
-                # The engine's learning backoff, poll_interval its floor: looks reset to it when the
-                # lock changes hands and back off while one holder keeps it (triggerers are many
-                # processes too, and the project's 600 a minute is shared by all of them).
-                policy=WaitPolicy(poll=poll),
+                # The engine's learning backoff, poll_interval its floor: one poll per key stands for
+                # every trigger waiting on it here, so while a line passes it keeps looking every
+                # poll_interval (handoffs stay quick) and backs off for a long holder; the triggerer's
+                # adaptive waiting rate caps the total, as for any process of the project.
+                policy=WaitPolicy(poll=poll, follow_turnover=True),
             )
         except WaitTimeout as exc:
             return WaitOutcome(
