@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import random
@@ -576,6 +577,40 @@ def test_the_backoff_resets_when_the_fencing_token_moves() -> None:
     looks.append(step.until - clock.now)
     # 3 seen at 1, 2, 4 s; then 4 (moved: back to 1), 4 again (2), 5 (1), 6 (1), 6 again (2).
     assert looks == pytest.approx([1.0, 2.0, 4.0, 8.0, 1.0, 2.0, 1.0, 1.0, 2.0])
+
+
+def _look_intervals(policy: WaitPolicy, fencings: list[int]) -> list[float]:
+    """The intervals between a waiter's looks while the lock shows these fencing tokens in turn."""
+    clock, entry, waiter = Clock(), _KeyWait("k"), _waiter()
+    flow = _flow(entry, waiter, governor(600, clock), clock, policy=policy)
+    expiry = datetime.now(UTC) + timedelta(seconds=3600)  # one expiry: nobody renews
+    next(flow)
+    step = flow.send(LockContention("held", holder=LockState(True, expiry, fencings[0])))
+    looks: list[float] = []
+    for fencing in fencings:
+        assert isinstance(step, _Block)
+        looks.append(step.until - clock.now)
+        clock.now = step.until
+        step = flow.send(None)
+        while isinstance(step, _Block):  # a wait report's horizon cuts the block in two
+            looks[-1] += step.until - clock.now
+            clock.now = step.until
+            step = flow.send(None)
+        assert step == _Send("get")
+        step = flow.send(LockState(True, expiry, fencing))
+    assert isinstance(step, _Block)
+    return [*looks, step.until - clock.now]
+
+
+def test_a_poller_for_many_waiters_keeps_looking_while_a_line_passes() -> None:
+    fencings = [3, 4, 4, 5, *[5] * 10]  # 4 is seen from t=3, 5 from t=6: 5's predecessor held 3 s
+    plain = WaitPolicy(poll=1.0, factor=2.0, cap=8.0)
+    # Separate processes back off as before: each of them would look that often.
+    assert _look_intervals(plain, fencings) == pytest.approx([1, 2, 1, 2, 1, 2, 4, *[8] * 8])
+    # The trigger's one poll per key looks every second while 5 has held under twice 3 s (to t=12),
+    # then takes it for a long holder and backs off.
+    turnover = dataclasses.replace(plain, follow_turnover=True)
+    assert _look_intervals(turnover, fencings) == pytest.approx([1, 2, 1, 2, 1, *[1] * 6, 2, 4, 8, 8])
 
 
 def test_a_lock_seen_free_then_taken_by_another_resets_the_backoff() -> None:
