@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from prefect import State
-from prefect.context import FlowRunContext, TaskRunContext
+from prefect.context import FlowRunContext, SyncClientContext, TaskRunContext
 from prefect.exceptions import MissingContextError
 from prefect.logging import get_run_logger
 from prefect.states import Completed
@@ -127,20 +127,32 @@ class RunReport:
     def acquired(self, lease: LockLease) -> None:
         """Say the lock is held, with the lease's fencing token; tell a previous holder's lapse first.
 
-        The body does not wait for this: the lock board's read, its re-check of a holder that looks
-        lapsed (up to a second) and the events go on a thread of their own (carrying the run's
-        context), and whatever is said next of this lease (released, lost) waits for it, so the
-        events keep their order: lapsed, acquired, released.
+        Neither the body nor the task's exit waits for the lock board (Prefect API calls): its read,
+        its re-check of a holder that looks lapsed (up to a second), its writes and the events go on
+        threads of their own, one after the other (so the events keep their order: lapsed,
+        acquired, released), carrying the run's context. They are not daemons: a flow-run process
+        that ends finishes them first.
         """
         self.log.info(
             "Acquired lock %r (fencing token %d, ttl %ds)", self.key, lease.fencing_token, lease.ttl
         )
+        self._then(self._record_acquired, lease)
+
+    def _then(self, record: Callable[..., None], *args: Any) -> None:
+        """Run ``record(*args)`` beside the run, after whatever this report is still recording."""
+        before = self._recording
+
+        def run() -> None:
+            # The run's own Prefect client may be closed by now (the run ended): keep the run's
+            # settings and facts, but let the board open a client of its own.
+            SyncClientContext.__var__.set(None)  # type: ignore[arg-type]
+            if before is not None:
+                before.join(RECORDING_BOUND)
+            record(*args)
+
         context = contextvars.copy_context()
         self._recording = threading.Thread(
-            target=context.run,
-            args=(self._record_acquired, lease),
-            name=f"volcano-lock-board:{self.key}",
-            daemon=True,
+            target=context.run, args=(run,), name=f"volcano-lock-board:{self.key}"
         )
         self._recording.start()
 
@@ -158,8 +170,8 @@ class RunReport:
         self.board.held(facts)
 
     def settle(self) -> None:
-        """Wait for what `acquired` is still recording (bounded: a board that hangs only delays it)."""
-        recording, self._recording = self._recording, None
+        """Wait for what this report is still recording (bounded: a board that hangs only delays it)."""
+        recording = self._recording
         if recording is not None:
             recording.join(RECORDING_BOUND)
 
@@ -193,9 +205,11 @@ class RunReport:
         )
 
     def released(self, lease: LockLease) -> None:
-        """Say the lock was released."""
-        self.settle()
+        """Say the lock was released (the event and the board's record follow beside the run)."""
         self.log.info("Released lock %r (fencing token %d)", self.key, lease.fencing_token)
+        self._then(self._record_released, lease)
+
+    def _record_released(self, lease: LockLease) -> None:
         self.events.emit("released", fencing_token=lease.fencing_token)
         self.board.released(lease.facts())
 
@@ -207,13 +221,16 @@ class RunReport:
             f"{_by_holder(holder)}; on_contention='skip'"
         )
         self.log.info("%s", message)
-        self.events.emit("skipped", holder_fencing_token=token)
-        self.board.skipped(token)
+        self._then(self._record_skipped, token)
         txn = get_transaction()
         if txn is not None:
             # A skip says nothing about the inputs: never let it answer a later run from the cache.
             txn.write_on_commit = False
         return Completed(name=SKIPPED_STATE_NAME, message=message)
+
+    def _record_skipped(self, token: int | None) -> None:
+        self.events.emit("skipped", holder_fencing_token=token)
+        self.board.skipped(token)
 
     def contention_message(self, exc: LockContention, on_contention: str) -> str:
         """The message of a contention that ends the run (on_contention='fail')."""
