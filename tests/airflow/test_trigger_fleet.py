@@ -40,6 +40,7 @@ async def _first_event(trigger: VolcanoLockTrigger) -> dict[str, object]:
     raise AssertionError("no event")
 
 
+@pytest.mark.timeout(600)
 async def test_two_hundred_deferred_tasks_cost_the_holders_nothing(
     quota_server: LocalServer, unique_key: str
 ) -> None:
@@ -64,7 +65,10 @@ async def test_two_hundred_deferred_tasks_cost_the_holders_nothing(
             released = keys[::40]  # five keys are released while the others keep waiting
             release_elsewhere(quota_server, other, held, released)
             fired = [tasks[keys.index(k)] for k in released]
-            done, _ = await asyncio.wait(fired, timeout=150)
+            # A released key is found by its trigger's first attempt or a later look, and the 200
+            # first attempts are paced by the triggerer's waiting rate (it starts at 60 a minute and
+            # climbs while it is busy and no 429 comes): the last one comes after about three minutes.
+            done, _ = await asyncio.wait(fired, timeout=300)
             await asyncio.sleep(max(0.0, 70 - (time.monotonic() - started)))  # over a minute in all
             assert all(t in done for t in fired), "a released key never reached its trigger"
             events = [t.result() for t in fired]
@@ -89,5 +93,5 @@ async def test_two_hundred_deferred_tasks_cost_the_holders_nothing(
         and "-h" not in r["path"]
         and r["time"] >= since
     ]
-    # 200 first attempts plus looks, all drawn from one budget of 120 a minute (with a 10-request burst).
+    # 200 first attempts plus looks, all drawn from one waiting rate of at most 120 a minute (and its burst).
     assert len(waiting) <= 10 + 120 * elapsed / 60 + len(released), (len(waiting), elapsed)
