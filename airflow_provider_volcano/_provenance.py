@@ -82,11 +82,8 @@ class HolderRecord:
     @classmethod
     def parse(cls, lock_key: str, text: object) -> HolderRecord | None:
         """Read a Variable's value; ``None`` for anything that is not a holder record of ``lock_key``."""
-        try:
-            data = json.loads(text) if isinstance(text, str) else None
-        except ValueError:
-            return None
-        if not isinstance(data, Mapping) or data.get("lock_key") != lock_key:
+        data = _record_of(lock_key, text)
+        if data is None:
             return None
         ints = {name: _int(data.get(name)) for name in ("fencing_token", "ttl", "map_index", "try_number")}
         strs = {name: data.get(name) for name in ("acquired_at", "hostname", "dag_id", "run_id", "task_id")}
@@ -123,16 +120,24 @@ class ForcedRecord:
     @classmethod
     def parse(cls, lock_key: str, text: object) -> ForcedRecord | None:
         """Read a Variable's value; ``None`` for anything that is not a record of ``lock_key``."""
-        try:
-            data = json.loads(text) if isinstance(text, str) else None
-        except ValueError:
-            return None
-        if not isinstance(data, Mapping) or data.get("lock_key") != lock_key:
+        data = _record_of(lock_key, text)
+        if data is None:
             return None
         by, at = data.get("by"), data.get("at")
         if not isinstance(by, str) or not isinstance(at, str):
             return None
         return cls(lock_key=lock_key, fencing_token=_int(data.get("fencing_token")), by=by, at=at)
+
+
+def _record_of(lock_key: str, text: object) -> Mapping[str, Any] | None:
+    """A Variable's value as a JSON object naming ``lock_key``; ``None`` for anything else."""
+    try:
+        data = json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        return None
+    if not isinstance(data, Mapping) or data.get("lock_key") != lock_key:
+        return None
+    return data
 
 
 def _get_variable(name: str) -> object:
