@@ -3,7 +3,7 @@
 Prints three markdown tables (``--only`` runs some of them):
 
 1. ``handoff``: on the full stack (api-server, dag processor, scheduler with LocalExecutor,
-   triggerer; tests/airflow/volcano_airflow_testlib.running_stack), side by side in one run, the
+   triggerer; tests/airflow/helpers.running_stack), side by side in one run, the
    handoff latency from one task's release to the next task's code starting, when the tasks take
    turns through a Volcano lock (the waiters deferred to VolcanoLockTrigger) and through an Airflow
    pool of one slot; the same again with an executor that takes longer than the lock's TTL to start
@@ -167,9 +167,8 @@ def bench_handoff(
     timeout: float,
 ) -> list[dict[str, Any]]:
     """Run the chosen handoff rows on one full stack, one batch (one DAG run) after the other."""
-    sys.path.insert(0, str(REPO / "tests" / "airflow"))
-    from volcano_airflow_testlib import airflow_bin, running_stack
-
+    sys.path.insert(0, str(REPO))  # tests.airflow.helpers, from the repository root
+    from tests.airflow.helpers import airflow_bin, running_stack
     from volcano_locks.server.harness import LocalServer
 
     work = Path(tempfile.mkdtemp(prefix="bench-airflow-handoff-"))

@@ -29,9 +29,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.s3_server, from the repository root
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.fencing.s3_server, from the repo root
 
-from tests.s3_server import MotoServer
+from tests.fencing.s3_server import MotoServer
 from volcano_locks.fencing import Fence, FencedS3Prefix, FencedSQL, StaleFencingToken
 
 PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"

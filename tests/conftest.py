@@ -10,16 +10,16 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import pg_select
 import pytest
 
-from tests.s3_server import MotoServer
+from tests.fencing.s3_server import MotoServer
+from tests.support import pg_select
 from volcano_locks import VolcanoLocks
 from volcano_locks.governor import Governor
 from volcano_locks.server.harness import LocalServer
 
 if TYPE_CHECKING:
-    from tests.fenced_examples import ExampleStores
+    from tests.fencing.examples import ExampleStores
 
 # pytester runs whole sessions against this conftest (tests/server/test_harness.py).
 pytest_plugins = ["pytester"]
@@ -122,7 +122,7 @@ def example_stores(
     s3_server: MotoServer,
 ) -> Iterator[ExampleStores]:
     """The fenced-lake examples' warehouse (SQLite, then PostgreSQL) and bucket, set in VOLCANO_EXAMPLES_*."""
-    from tests.fenced_examples import ExampleStores  # SQLAlchemy only for the tests that use it
+    from tests.fencing.examples import ExampleStores  # SQLAlchemy only for the tests that use it
 
     url = (
         f"sqlite:///{tmp_path / 'warehouse.sqlite3'}"

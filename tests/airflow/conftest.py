@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from volcano_airflow_testlib import DAGS, airflow_bin, volcano_conn_json
+
+from tests.airflow.helpers import DAGS, airflow_bin, volcano_conn_json
 
 AIRFLOW_HOME = Path(tempfile.mkdtemp(prefix="volcano-airflow-home-"))
 

@@ -21,11 +21,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import pg_select
 import psutil
 import pytest
-from volcano_airflow_testlib import Stack, running_celery_stack, volcano_conn_json
 
+from tests.airflow.helpers import Stack, running_celery_stack, volcano_conn_json
+from tests.support import pg_select
 from volcano_locks import VolcanoLocks
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]

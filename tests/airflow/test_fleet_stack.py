@@ -22,8 +22,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from volcano_airflow_testlib import DAGS, Stack, running_stack, volcano_conn_json
 
+from tests.airflow.helpers import DAGS, Stack, running_stack, volcano_conn_json
 from volcano_locks import VolcanoLocks
 from volcano_locks.fencing import FencedTable
 

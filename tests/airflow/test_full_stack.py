@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from volcano_airflow_testlib import Stack, owner_tokens, running_stack
 
+from tests.airflow.helpers import Stack, owner_tokens, running_stack
 from volcano_locks.fencing import FencedTable
 
 pytestmark = pytest.mark.slow

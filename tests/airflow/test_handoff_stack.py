@@ -27,9 +27,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from volcano_airflow_testlib import Stack, running_stack, volcano_conn_json
 
 from airflow_provider_volcano._handoff import LOOK_EVERY
+from tests.airflow.helpers import Stack, running_stack, volcano_conn_json
 from volcano_locks import VolcanoLocks
 
 pytestmark = pytest.mark.slow

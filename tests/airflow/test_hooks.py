@@ -6,9 +6,9 @@ import asyncio
 import json
 
 import pytest
-from volcano_airflow_testlib import volcano_conn_json
 
 from airflow_provider_volcano.hooks.volcano import VolcanoConnectionError, VolcanoHook
+from tests.airflow.helpers import volcano_conn_json
 
 SECRET = "sk-not-a-real-key-but-long-enough"
 

@@ -434,8 +434,7 @@ def test_an_unreachable_api_fails_at_wait_timeout_naming_it(volcano_conn, unique
 
 def test_the_first_acquire_waits_out_a_stopped_server(monkeypatch, unique_key, capfd) -> None:
     """The API goes away and comes back on the same address: the task acquires, then runs."""
-    from volcano_airflow_testlib import volcano_conn_json
-
+    from tests.airflow.helpers import volcano_conn_json
     from volcano_locks.server.harness import LocalServer
 
     with LocalServer(admin=True) as server:

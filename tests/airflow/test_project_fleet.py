@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import IO, Any
 
 import pytest
-from volcano_airflow_testlib import volcano_conn_json
 
-from tests.fleet import hold_elsewhere, holders, refused_keeping, release_elsewhere
+from tests.airflow.helpers import volcano_conn_json
+from tests.support.fleet import hold_elsewhere, holders, refused_keeping, release_elsewhere
 from volcano_locks.server.harness import LocalServer
 
 pytestmark = pytest.mark.slow

@@ -131,7 +131,7 @@ def test_airflow_providers_list_shows_the_provider(airflow_db) -> None:
     import os
     import subprocess
 
-    from volcano_airflow_testlib import airflow_bin
+    from tests.airflow.helpers import airflow_bin
 
     out = subprocess.run(
         [airflow_bin(), "providers", "list", "--output", "json"],

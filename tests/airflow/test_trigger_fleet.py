@@ -15,11 +15,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from volcano_airflow_testlib import volcano_conn_json
 
 from airflow_provider_volcano._tokens import TaskIdentity, new_nonce
 from airflow_provider_volcano.triggers.lock import VolcanoLockTrigger
-from tests.fleet import hold_elsewhere, holders, release_elsewhere
+from tests.airflow.helpers import volcano_conn_json
+from tests.support.fleet import hold_elsewhere, holders, release_elsewhere
 from volcano_locks.server.harness import LocalServer
 
 pytestmark = pytest.mark.slow

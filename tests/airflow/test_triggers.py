@@ -126,7 +126,7 @@ async def test_trigger_times_out_naming_the_holder(volcano_conn, outside, unique
 
 
 async def test_trigger_reports_a_rejected_key_as_error(volcano_server, monkeypatch, unique_key) -> None:
-    from volcano_airflow_testlib import volcano_conn_json
+    from tests.airflow.helpers import volcano_conn_json
 
     monkeypatch.setenv(
         "AIRFLOW_CONN_VOLCANO_DEFAULT", volcano_conn_json(volcano_server.url, volcano_server.anon_key)

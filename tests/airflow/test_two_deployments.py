@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from volcano_airflow_testlib import DAGS
 
+from tests.airflow.helpers import DAGS
 from volcano_locks.fencing import FencedTable
 
 pytestmark = pytest.mark.slow

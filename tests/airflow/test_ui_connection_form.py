@@ -21,7 +21,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-from volcano_airflow_testlib import Stack, free_port
+
+from tests.airflow.helpers import Stack, free_port
 
 CHROMIUM = Path(os.environ.get("VOLCANO_TEST_CHROMIUM", "/usr/bin/chromium"))
 SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "images" / "airflow-volcano-connection-form.png"

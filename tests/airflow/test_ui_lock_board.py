@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from volcano_airflow_testlib import Stack, running_stack, volcano_conn_json
 
+from tests.airflow.helpers import Stack, running_stack, volcano_conn_json
 from volcano_locks import VolcanoLocks
 
 CHROMIUM = Path(os.environ.get("VOLCANO_TEST_CHROMIUM", "/usr/bin/chromium"))

@@ -213,7 +213,7 @@ def open_stores(
     stores: dict[str, Any] = {"table": open_store(url, table, lock_key=lock_key)}
     stores["sql"] = SqlStore(url, table, lock_key)
     if s3_bucket:
-        from tests.s3_server import client_for
+        from tests.fencing.s3_server import client_for
 
         endpoint = s3_endpoint or os.environ["VOLCANO_TEST_S3_ENDPOINT"]
         stores["s3"] = S3Store(client_for(endpoint), s3_bucket, table, lock_key)

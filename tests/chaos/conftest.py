@@ -37,7 +37,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             terminalreporter.write_line(line)
 
 
-PREFECT_SCENARIO_FILE = "test_prefect_chaos.py"
+PREFECT_SCENARIO_FILE = "test_prefect.py"
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -47,7 +47,7 @@ def prefect_scenario(
     """Start the Prefect chaos scenario in the background as soon as the chaos suite starts.
 
     Its Prefect test harness needs tens of seconds to boot on a busy machine; booting it while the other
-    chaos tests run keeps the suite short. Only started when a test of ``test_prefect_chaos.py`` was
+    chaos tests run keeps the suite short. Only started when a test of ``test_prefect.py`` was
     selected; yields None otherwise.
     """
     if not any(item.path.name == PREFECT_SCENARIO_FILE for item in request.session.items):

@@ -9,7 +9,7 @@ What it does: starts a local lock server with fault injection (503s, dropped con
 past the TTL), runs one flow that submits sync and async ``locked_task`` runs, one key each, whose bodies
 outlive several renewals and write through the fencing check, while a thief force-releases two of the
 keys mid-run and writes with its own newer lease. It records each task's final state, the server's request
-log and the fenced tables, and writes them as JSON for ``test_prefect_chaos.py`` to judge.
+log and the fenced tables, and writes them as JSON for ``test_prefect.py`` to judge.
 """
 
 from __future__ import annotations

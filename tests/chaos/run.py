@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.s3_server import MotoServer
+from tests.fencing.s3_server import MotoServer
 from volcano_locks.server.harness import LocalServer
 
 from .adapter_stores import ADAPTERS, open_stores

@@ -17,8 +17,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from fleet import hold_elsewhere, release_elsewhere
 
+from tests.support.fleet import hold_elsewhere, release_elsewhere
 from volcano_locks import AsyncVolcanoLocks, VolcanoLocks, WaitTimeout
 from volcano_locks.server.harness import LocalServer
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fleet import hold_elsewhere, holders, refused_keeping, release_elsewhere
+from tests.support.fleet import hold_elsewhere, holders, refused_keeping, release_elsewhere
 from volcano_locks import VolcanoLocks, WaitTimeout
 from volcano_locks.server.harness import LocalServer
 

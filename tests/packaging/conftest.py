@@ -1,7 +1,7 @@
 """Packaging fixtures: `make dist` once per session into a temporary directory; install times in the summary.
 
 No ``__init__.py`` here on purpose: a package named ``packaging`` would shadow the real one for the whole
-session. The helpers live in `pip_venv`.
+session. The helpers live in `helpers`.
 """
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from pip_venv import PIP_INSTALL_PROPERTY, REPO, Dist
+
+from tests.packaging.helpers import PIP_INSTALL_PROPERTY, REPO, Dist
 
 
 @pytest.fixture(scope="session")

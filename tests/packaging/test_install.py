@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pip_venv import PIP_INSTALL_PROPERTY, Dist, Venv, install
+
+from tests.packaging.helpers import PIP_INSTALL_PROPERTY, Dist, Venv, install
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 

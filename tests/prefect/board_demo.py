@@ -1,4 +1,4 @@
-"""Fills a Prefect server with what the lock screenshots show (run by test_prefect_ui_form.py).
+"""Fills a Prefect server with what the lock screenshots show (run by test_ui_form.py).
 
 Usage: python board_demo.py KEY
 A deployment `nightly-rollup/nightly` on work pool `process-pool`: one run holds lock KEY, one run

@@ -1,4 +1,4 @@
-"""A flow run in its own process that takes a lock and holds it until killed (run by test_prefect_board.py).
+"""A flow run in its own process that takes a lock and holds it until killed (run by test_board.py).
 
 Usage: python crash_holder.py KEY
 Prints "HOLDING <fencing token> <flow run id>" once inside (the lock's current view is written beside it).

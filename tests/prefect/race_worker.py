@@ -1,4 +1,4 @@
-"""One contender in the two-process race (run by test_prefect_race.py, not collected by pytest).
+"""One contender in the two-process race (run by test_race.py, not collected by pytest).
 
 Usage: python race_worker.py KEY POLICY WORKDIR NAME
 Waits for WORKDIR/go, runs a flow whose locked task records its critical section in

@@ -1,4 +1,4 @@
-"""A run in another process that holds a lock for a while, then releases it (run by test_prefect_wake.py).
+"""A run in another process that holds a lock for a while, then releases it (run by test_wake.py).
 
 Usage: python wake_holder.py KEY HOLD_SECONDS
 Prints "HOLDING <fencing token>" once inside, and "RELEASED" after the lock is released.

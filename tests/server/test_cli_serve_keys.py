@@ -12,8 +12,8 @@ from pathlib import Path
 
 import jwt
 import pytest
-from cli_runner import CLI, cli_env, run_cli
 
+from tests.cli.helpers import CLI, cli_env, run_cli
 from volcano_locks.cli import build_parser
 from volcano_locks.server.harness import LocalServer
 

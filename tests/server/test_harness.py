@@ -105,7 +105,6 @@ def test_server_exits_when_the_process_that_started_it_dies() -> None:
 
 
 ROOT_CONFTEST = Path(__file__).resolve().parents[1] / "conftest.py"
-PG_SELECT = ROOT_CONFTEST.with_name("pg_select.py")
 
 INNER_TESTS = """
 def test_sets_a_fault(volcano_server):
@@ -138,7 +137,6 @@ def test_autouse_fixture_clears_faults_a_test_left_on_the_shared_server(
     are whole sessions of their own (own server, fixed test order), independent of this file's order.
     """
     pytester.makeconftest(ROOT_CONFTEST.read_text())
-    pytester.makepyfile(pg_select=PG_SELECT.read_text())
     if reset:
         pytester.makepyfile(test_inner=INNER_TESTS)
     else:

@@ -8,8 +8,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from cli_runner import run_cli
 
+from tests.cli.helpers import run_cli
 from volcano_locks import VolcanoLocks
 from volcano_locks.server.auth import mint_key
 from volcano_locks.server.harness import LocalServer

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 
 from volcano_locks.fencing import Fence, FencedSQL, StaleFencingToken
 
-from .fenced_adapters import PARTS, SqlTarget, sql_engine
+from .helpers import PARTS, SqlTarget, sql_engine
 
 KEY = "orders-lock"
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -23,16 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from volcano_airflow_testlib import Stack, owner_tokens, running_stack, volcano_conn_json
 
+from tests.airflow.helpers import Stack, owner_tokens, running_stack, volcano_conn_json
+from tests.chaos.oracle import lease_verdicts
 from volcano_locks.fencing import FencedTable
 from volcano_locks.server.harness import LocalServer
-
-REPO = Path(__file__).resolve().parents[3]
-if str(REPO) not in sys.path:  # the chaos suite's oracle lives in tests/chaos
-    sys.path.insert(0, str(REPO))
-
-from tests.chaos.oracle import lease_verdicts  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

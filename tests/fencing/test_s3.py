@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from tests.s3_server import MotoServer
+from tests.fencing.s3_server import MotoServer
 from volcano_locks.fencing import Fence, FencedS3Prefix, StaleFencingToken
 
-from .fenced_adapters import PARTS, s3_keys, s3_publish
+from .helpers import PARTS, s3_keys, s3_publish
 
 KEY = "lake-lock"
 

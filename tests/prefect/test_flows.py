@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prefect_flow_modules import FLOWS_DIR, load_flow_module
 
 from prefect_volcano import SKIPPED_STATE_NAME, LockedResult
+from tests.prefect.helpers import FLOWS_DIR, load_flow_module
 from volcano_locks import VolcanoLocks
 from volcano_locks.fencing import FencedTable, StaleFencingToken
 

@@ -45,7 +45,7 @@ from prefect_volcano import (
 )
 from prefect_volcano._board import LockBoard, RunFacts
 from prefect_volcano._report import LossReport
-from tests.prefect.test_prefect_events import assert_no_secret, lock_events, related_ids
+from tests.prefect.test_events import assert_no_secret, lock_events, related_ids
 from volcano_locks import ErrorCode, LeaseFacts, LockLease, OwnershipLost, VolcanoLocks
 
 pytestmark = pytest.mark.usefixtures("volcano_env")

@@ -9,7 +9,8 @@ import threading
 from collections.abc import Callable, Iterator
 
 import pytest
-from pg_select import (
+
+from tests.support.pg_select import (
     DSN_ENV,
     LEGACY_DSN_ENV,
     LOCAL_DSN,

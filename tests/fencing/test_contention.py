@@ -13,9 +13,9 @@ import pytest
 from volcano_locks.fencing import FencedTable
 from volcano_locks.server.harness import LocalServer
 
-from .fenced_worker import ALONE, RESOURCE, Occupancy
+from .table_worker import ALONE, RESOURCE, Occupancy
 
-WORKER = Path(__file__).with_name("fenced_worker.py")
+WORKER = Path(__file__).with_name("table_worker.py")
 PROCESSES, THREADS, ITERATIONS = 2, 3, 3
 
 

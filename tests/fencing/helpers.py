@@ -7,7 +7,7 @@ One *write* is what a real job does in one go, so that "nothing partial" means s
   total below the number of accepted writes.
 - S3: one fenced publish of ``PARTS`` objects.
 
-Shared by the tests and by ``fenced_adapter_worker.py`` (their processes), configured from the
+Shared by the tests and by ``adapter_worker.py`` (their processes), configured from the
 environment (``FENCED_SQL_URL``, ``FENCED_S3_BUCKET`` with ``VOLCANO_TEST_S3_ENDPOINT``) so that a DSN never
 sits in argv.
 """
@@ -124,7 +124,7 @@ def s3_publish(prefix: FencedS3Prefix, lease: object, writer: str) -> Manifest:
 
 def s3_prefix_from_env(prefix: str) -> FencedS3Prefix:
     """The fenced ``prefix`` in ``$FENCED_S3_BUCKET`` on ``$VOLCANO_TEST_S3_ENDPOINT``."""
-    from tests.s3_server import client_from_env
+    from tests.fencing.s3_server import client_from_env
 
     return FencedS3Prefix(client_from_env(), os.environ["FENCED_S3_BUCKET"], prefix)
 

@@ -1,7 +1,7 @@
-"""A real process writing through a fenced adapter, for test_fenced_takeover and test_fenced_concurrency.
+"""A real process writing through a fenced adapter, for test_takeover.
 
-Run from the repository root as ``python -m tests.core.fenced_adapter_worker MODE ADAPTER KEY NAME ...`` with
-VOLCANO_* (the lock server) and FENCED_* (the store, see ``fenced_adapters``) in the environment.
+Run from the repository root as ``python -m tests.fencing.adapter_worker MODE ADAPTER KEY NAME ...`` with
+VOLCANO_* (the lock server) and FENCED_* (the store, see ``helpers``) in the environment.
 
 - ``stall ADAPTER KEY NAME GO``: hold KEY (TTL 5 s), print ``{"held": token}``, then wait for the file GO
   (the test SIGSTOPs the process meanwhile, past the TTL, and a successor writes). Then write once without
@@ -25,7 +25,7 @@ from typing import Any
 from volcano_locks import LockContention, VolcanoError, VolcanoLocks
 from volcano_locks.fencing import StaleFencingToken
 
-from .fenced_adapters import s3_prefix_from_env, s3_publish, sql_target_from_env
+from .helpers import s3_prefix_from_env, s3_publish, sql_target_from_env
 
 RESOURCE = "fenced-adapter"
 

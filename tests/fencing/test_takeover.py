@@ -22,12 +22,12 @@ from typing import Any
 
 import pytest
 
-from tests.s3_server import MotoServer
+from tests.fencing.s3_server import MotoServer
 from volcano_locks import VolcanoLocks
 from volcano_locks.server.harness import LocalServer
 
-from .fenced_adapter_worker import RESOURCE
-from .fenced_adapters import PARTS, SqlTarget, s3_keys, s3_publish, sql_engine
+from .adapter_worker import RESOURCE
+from .helpers import PARTS, SqlTarget, s3_keys, s3_publish, sql_engine
 
 REPO = Path(__file__).resolve().parents[2]
 PROCESSES, THREADS, ITERATIONS = 2, 3, 3
@@ -106,7 +106,7 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
 def _worker(server: LocalServer, store: Store, *args: str) -> subprocess.Popen[str]:
     env = {**os.environ, **server.env(), **store.env, "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.core.fenced_adapter_worker", args[0], store.adapter, *args[1:]],
+        [sys.executable, "-m", "tests.fencing.adapter_worker", args[0], store.adapter, *args[1:]],
         cwd=REPO,
         env=env,
         stdout=subprocess.PIPE,

@@ -1,6 +1,6 @@
-"""A contender for test_fenced: threads that take a lock through with_lock and write to a FencedTable.
+"""A contender for test_contention: threads that take a lock through with_lock and write to a FencedTable.
 
-Run as a script: ``python fenced_worker.py DB TABLE KEY THREADS ITERATIONS`` with VOLCANO_* in the
+Run as a script: ``python table_worker.py DB TABLE KEY THREADS ITERATIONS`` with VOLCANO_* in the
 environment. DB is a SQLite file path or a ``postgresql://`` DSN; the fenced write goes through
 ``volcano_locks.fencing.FencedTable`` (table ``TABLE``, history in ``TABLE_history``). The one thing
 FencedTable does not give is :class:`Occupancy`, which tells whether two holders were ever inside the

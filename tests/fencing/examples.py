@@ -12,7 +12,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from tests.s3_server import MotoServer
+from tests.fencing.s3_server import MotoServer
 from volcano_locks.fencing import Fence, FencedS3Prefix, FencedSQL
 
 SALES = sa.table("example_daily_sales", sa.column("day"), sa.column("fencing_token"))

@@ -16,7 +16,7 @@ import pytest
 from prefect import flow, task
 
 from prefect_volcano import VolcanoCredentials, current_lease, locked_task
-from tests.fleet import hold_elsewhere, holders, release_elsewhere
+from tests.support.fleet import hold_elsewhere, holders, release_elsewhere
 from volcano_locks.server.harness import LocalServer
 
 pytestmark = pytest.mark.slow
