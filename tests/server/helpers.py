@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
+import subprocess
+import sys
 import uuid
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -24,6 +28,12 @@ class Raw:
 
     def close(self) -> None:
         self.http.close()
+
+    def __enter__(self) -> Raw:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def headers(
         self, token: str | None = None, request_id: str | None = None, key: str | None = None
@@ -117,6 +127,29 @@ def park_huge_heads(port: int, connections: int = 100, lines: int = 99) -> list[
                 sock.sendall(line)
         socks.append(sock)
     return socks
+
+
+def serve_until_exit(
+    tmp_path: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 20.0
+) -> subprocess.CompletedProcess[str]:
+    """Run `volcano-locks serve` on a free port and a fresh SQLite file to its exit (a usage error)."""
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "volcano_locks",
+            "serve",
+            "--port",
+            "0",
+            "--db",
+            str(tmp_path / "l.sqlite3"),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def with_schema(dsn: str, schema: str) -> str:

@@ -25,7 +25,7 @@ from volcano_locks.server.app import LOGGED_PATH_CHARS
 from volcano_locks.server.harness import InProcessServer, LocalServer
 from volcano_locks.server.http11 import Limits
 
-from .helpers import Raw, new_id, park_huge_heads, read_all
+from .helpers import Raw, new_id, park_huge_heads, read_all, serve_until_exit
 
 SERVED_WITHIN = 1.0  # seconds: a new client's whole request while an attack runs
 HANG_BOUND = 20.0  # seconds: only there to catch a hang
@@ -311,20 +311,5 @@ def test_drop_sends_not_a_single_byte() -> None:
     ],
 )
 def test_bad_limits_are_usage_errors(tmp_path: Path, args: list[str], message: str) -> None:
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "volcano_locks",
-            "serve",
-            "--port",
-            "0",
-            "--db",
-            str(tmp_path / "l.sqlite3"),
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=HANG_BOUND,
-    )
+    done = serve_until_exit(tmp_path, *args)
     assert done.returncode == 2 and message in done.stderr

@@ -69,9 +69,8 @@ def srv() -> Iterator[InProcessServer]:
 
 @pytest.fixture
 def raw(srv: InProcessServer) -> Iterator[Raw]:
-    client = Raw(srv.url, srv.service_key)
-    yield client
-    client.close()
+    with Raw(srv.url, srv.service_key) as client:
+        yield client
 
 
 def test_status_before_changes_nothing(srv: InProcessServer, raw: Raw) -> None:

@@ -25,7 +25,7 @@ from psycopg import sql
 from volcano_locks.server.harness import InProcessServer, LocalServer
 from volcano_locks.server.runner import load_or_create_secret
 
-from .helpers import Raw, drop_schema, exchange, new_id, with_schema
+from .helpers import Raw, drop_schema, exchange, new_id, serve_until_exit, with_schema
 
 HANG_BOUND = 20.0
 SERVE = [sys.executable, "-m", "volcano_locks", "serve", "--port", "0"]
@@ -129,23 +129,7 @@ def test_serve_prints_the_admin_key_and_takes_one_from_the_env_or_the_flag(tmp_p
 def test_a_bad_admin_key_is_a_usage_error_that_does_not_show_it(
     tmp_path: Path, args: list[str], env: dict[str, str], message: str
 ) -> None:
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "volcano_locks",
-            "serve",
-            "--port",
-            "0",
-            "--db",
-            str(tmp_path / "l.sqlite3"),
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=HANG_BOUND,
-        env={**os.environ, "VOLCANO_LOCAL_SECRET": "s" * 40, **env},
-    )
+    done = serve_until_exit(tmp_path, *args, env={"VOLCANO_LOCAL_SECRET": "s" * 40, **env})
     assert done.returncode == 2 and message in done.stderr, done.stderr
     assert "short-admin-key" not in done.stderr + done.stdout
 
