@@ -26,10 +26,15 @@ import sys
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import httpx
 
 from volcano_locks.server.harness import LocalServer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.server.helpers, from the repository root
+
+from tests.server.helpers import park_huge_heads
 
 PG_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 # Longer than the server's idle (15 s) and request (10 s) timeouts, so the hold test shows them.
@@ -265,15 +270,7 @@ def abuse() -> None:
         assert srv.proc is not None
         _served_in(srv.url, srv.service_key)
         before = _rss_mib(srv.proc.pid)
-        lines = [f"X-Pad-{i}: ".encode() + b"p" * 65_000 + b"\r\n" for i in range(99)]
-        socks = []
-        for _ in range(100):
-            sock = socket.create_connection(("127.0.0.1", srv.port), timeout=5)
-            with contextlib.suppress(OSError):
-                sock.sendall(b"GET /locks/x HTTP/1.1\r\nHost: x\r\n")
-                for line in lines:
-                    sock.sendall(line)
-            socks.append(sock)
+        socks = park_huge_heads(srv.port)
         time.sleep(0.5)
         rows.append(
             ("100 connections parking Host + 99 header lines of 65 KB", f"{before:.0f} MiB",

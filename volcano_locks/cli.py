@@ -44,7 +44,14 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument(
         "--admin",
         action="store_true",
-        help="enable /__admin/faults and /__admin/requests (they need the printed full-access service key)",
+        help="enable /__admin/faults and /__admin/requests, behind the server's own admin key (printed as "
+        "VOLCANO_ADMIN_KEY; no project's key opens them)",
+    )
+    p.add_argument(
+        "--admin-key",
+        default=None,
+        help="the admin key for --admin, >= 32 characters (default: $VOLCANO_LOCAL_ADMIN_KEY, which keeps "
+        "it out of `ps`; else a new random key at each start)",
     )
     p.add_argument(
         "--max-connections",
@@ -79,6 +86,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if args.quota < 0:
         print("volcano-locks serve: --quota must be >= 0", file=sys.stderr)
         return 2
+    if args.admin_key is not None and not args.admin:
+        print("volcano-locks serve: --admin-key needs --admin", file=sys.stderr)
+        return 2
     config = ServeConfig(
         host=args.host,
         port=args.port,
@@ -87,6 +97,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         quota=args.quota,
         faults=args.faults,
         admin=args.admin,
+        admin_key=args.admin_key,
         log_requests=args.log_requests,
         limits=limits,
     )

@@ -239,7 +239,7 @@ def _scrub(text: str, secrets: tuple[str, ...]) -> str:
 def _json(call: Call, reply: Reply) -> object:
     try:
         return json.loads(reply.content)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # deep nesting makes the decoder raise RecursionError
         raise ProtocolError(
             f"{call.op}: response body is not JSON (status {reply.status}, {len(reply.content)} bytes)",
             status=reply.status,
@@ -326,7 +326,7 @@ def error_from_reply(call: Call, reply: Reply, secrets: tuple[str, ...] = ()) ->
     message, code, holder = None, None, None
     try:
         body = json.loads(reply.content) if reply.content else None
-    except ValueError:
+    except (ValueError, RecursionError):
         body = None
     if isinstance(body, dict):
         if isinstance(body.get("error"), str):

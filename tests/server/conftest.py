@@ -43,6 +43,5 @@ def server(storage_db: str, clock: ManualClock) -> Iterator[InProcessServer]:
 @pytest.fixture
 def raw(server: InProcessServer) -> Iterator[Raw]:
     """A raw contract client with the server's full-access service key."""
-    client = Raw(server.url, server.service_key)
-    yield client
-    client.close()
+    with Raw(server.url, server.service_key) as client:
+        yield client

@@ -25,7 +25,7 @@ from volcano_locks.server.app import LOGGED_PATH_CHARS
 from volcano_locks.server.harness import InProcessServer, LocalServer
 from volcano_locks.server.http11 import Limits
 
-from .helpers import Raw, new_id
+from .helpers import Raw, new_id, park_huge_heads, read_all, serve_until_exit
 
 SERVED_WITHIN = 1.0  # seconds: a new client's whole request while an attack runs
 HANG_BOUND = 20.0  # seconds: only there to catch a hang
@@ -62,21 +62,6 @@ def port_of(url: str) -> int:
 
 def conn_threads() -> int:
     return sum(1 for t in threading.enumerate() if t.name == "volcano-locks-conn")
-
-
-def read_all(sock: socket.socket, timeout: float = HANG_BOUND) -> bytes:
-    """Everything the server sends until it closes the connection."""
-    sock.settimeout(timeout)
-    chunks = []
-    while True:
-        try:
-            chunk = sock.recv(65536)
-        except ConnectionResetError:
-            break
-        if not chunk:
-            break
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 @pytest.fixture
@@ -140,17 +125,7 @@ def test_huge_header_sets_on_many_connections_leave_memory_bounded() -> None:
         assert srv.proc is not None
         served_in(srv.url, srv.service_key)
         before = rss_mib(srv.proc.pid)
-        lines = [f"X-Pad-{i}: ".encode() + b"p" * 65_000 + b"\r\n" for i in range(99)]
-        socks = []
-        for _ in range(100):
-            sock = socket.create_connection(("127.0.0.1", srv.port), timeout=2)
-            sock.sendall(b"GET /locks/x HTTP/1.1\r\nHost: x\r\n")
-            for line in lines:
-                try:
-                    sock.sendall(line)
-                except OSError:  # the server answered 431 and closed: the attack is over for this socket
-                    break
-            socks.append(sock)
+        socks = park_huge_heads(srv.port)
         # The head never ends; each socket stays open on the attacker's side.
         assert served_in(srv.url, srv.service_key) < SERVED_WITHIN
         grown = rss_mib(srv.proc.pid) - before
@@ -336,20 +311,5 @@ def test_drop_sends_not_a_single_byte() -> None:
     ],
 )
 def test_bad_limits_are_usage_errors(tmp_path: Path, args: list[str], message: str) -> None:
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "volcano_locks",
-            "serve",
-            "--port",
-            "0",
-            "--db",
-            str(tmp_path / "l.sqlite3"),
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=HANG_BOUND,
-    )
+    done = serve_until_exit(tmp_path, *args)
     assert done.returncode == 2 and message in done.stderr

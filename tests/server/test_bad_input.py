@@ -215,9 +215,16 @@ def test_garbage_request_line_gets_json_error(server: InProcessServer) -> None:
     assert status == 400 and body["error"]
 
 
-@pytest.mark.parametrize("path", ["/", "/locks", "/lock/x", "/v1/locks/x", "/__admin/x"])
+@pytest.mark.parametrize("path", ["/", "/locks", "/lock/x", "/v1/locks/x"])
 def test_unknown_paths_are_404(raw: Raw, path: str) -> None:
     r = raw.http.get(path, headers=raw.headers())
+    assert_error(r, 404, "not_found")
+
+
+def test_an_unknown_admin_path_is_404_only_behind_the_admin_key(server: InProcessServer, raw: Raw) -> None:
+    # The admin key is checked first: a project's key learns nothing about which admin paths exist.
+    assert_error(raw.http.get("/__admin/x", headers=raw.headers()), 403, "forbidden")
+    r = raw.http.get("/__admin/x", headers=raw.headers(key=server.admin_key))
     assert_error(r, 404, "not_found")
 
 

@@ -123,7 +123,7 @@ def test_logs_and_database_hold_no_secrets() -> None:
         lines = [line for line in log.splitlines() if "/locks/secret-check" in line]
         assert len(lines) == 4
         assert f"POST /locks/secret-check/lease 201 request_id={rid}" in lines[0]
-        for secret in (srv.service_key, srv.secret, token, "not-a-uuid-but-maybe-secret"):
+        for secret in (srv.service_key, srv.admin_key, srv.secret, token, "not-a-uuid-but-maybe-secret"):
             assert secret not in log
         stored = b"".join(p.read_bytes() for p in Path(srv.db).parent.glob("locks.sqlite3*"))
         assert token.encode() not in stored and srv.secret.encode() not in stored

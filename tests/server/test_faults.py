@@ -69,9 +69,8 @@ def srv() -> Iterator[InProcessServer]:
 
 @pytest.fixture
 def raw(srv: InProcessServer) -> Iterator[Raw]:
-    client = Raw(srv.url, srv.service_key)
-    yield client
-    client.close()
+    with Raw(srv.url, srv.service_key) as client:
+        yield client
 
 
 def test_status_before_changes_nothing(srv: InProcessServer, raw: Raw) -> None:
@@ -132,7 +131,7 @@ def test_delay_and_injected_429(srv: InProcessServer, raw: Raw) -> None:
 def test_admin_endpoints(srv: InProcessServer, raw: Raw) -> None:
     srv.set_faults("status=503:rate=0.5")
     assert srv.faults() == "status=503:rate=0.5"
-    admin = {"Authorization": f"Bearer {srv.service_key}"}
+    admin = {"Authorization": f"Bearer {srv.admin_key}"}
     r = httpx.put(srv.url + "/__admin/faults", json={"faults": "explode"}, headers=admin)
     assert r.status_code == 400 and r.json()["code"] == "invalid_faults" and "explode" in r.json()["error"]
     assert srv.faults() == "status=503:rate=0.5"  # a bad spec keeps the old rules

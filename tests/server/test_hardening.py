@@ -1,4 +1,4 @@
-"""Credentials and private files: admin needs a full-access key, secrets and databases are the owner's,
+"""Credentials and private files: admin needs the server's admin key, secrets and databases are the owner's,
 ambiguous headers and never-expiring keys are refused, PostgreSQL connections stay within the pool."""
 
 from __future__ import annotations
@@ -8,7 +8,6 @@ import hashlib
 import hmac
 import json
 import os
-import socket
 import stat
 import subprocess
 import sys
@@ -26,9 +25,10 @@ from psycopg import sql
 from volcano_locks.server.harness import InProcessServer, LocalServer
 from volcano_locks.server.runner import load_or_create_secret
 
-from .helpers import Raw, drop_schema, new_id, with_schema
+from .helpers import Raw, drop_schema, exchange, new_id, serve_until_exit, with_schema
 
 HANG_BOUND = 20.0
+SERVE = [sys.executable, "-m", "volcano_locks", "serve", "--port", "0"]
 
 
 @pytest.fixture
@@ -40,31 +40,98 @@ def admin_srv() -> Iterator[InProcessServer]:
 # --- admin endpoints -------------------------------------------------------------------------------
 
 
-def test_admin_without_a_full_access_service_key_is_refused(admin_srv: InProcessServer) -> None:
-    other = InProcessServer()  # another secret: its keys are not this server's
+ADMIN_CALLS = [
+    ("GET", "/__admin/faults", None),
+    ("PUT", "/__admin/faults", {"faults": "drop"}),
+    ("GET", "/__admin/requests", None),
+    ("DELETE", "/__admin/requests", None),
+]
+
+
+def test_admin_takes_the_servers_admin_key_and_no_projects_key(admin_srv: InProcessServer) -> None:
+    other = InProcessServer(admin=True)  # another server: its keys and its admin key are not this one's
     refused = {
         None: 401,
         "Bearer not-a-jwt": 401,
         f"Bearer {other.service_key}": 401,
-        f"Bearer {admin_srv.anon_key}": 403,
+        f"Bearer {other.admin_key}": 401,
+        f"Bearer {admin_srv.admin_key}x": 401,
+        f"Basic {admin_srv.admin_key}": 401,
+        # Keys of this server speak for one project, however much they may do there: 403.
+        f"Bearer {admin_srv.service_key}": 403,
+        f"Bearer {admin_srv.mint_key(permissions=['*'])}": 403,
+        f"Bearer {admin_srv.mint_key(project='elsewhere')}": 403,
         f"Bearer {admin_srv.mint_key(permissions=['locks.manage'])}": 403,
+        f"Bearer {admin_srv.anon_key}": 403,
     }
     other.close()
     for auth, status in refused.items():
         headers = {} if auth is None else {"Authorization": auth}
-        for method, path, body in [
-            ("GET", "/__admin/faults", None),
-            ("PUT", "/__admin/faults", {"faults": "drop"}),
-            ("GET", "/__admin/requests", None),
-            ("DELETE", "/__admin/requests", None),
-        ]:
+        for method, path, body in ADMIN_CALLS:
             r = httpx.request(method, admin_srv.url + path, json=body, headers=headers)
             assert r.status_code == status, (auth, method, path, r.text)
-            assert r.json()["code"] in ("unauthorized", "forbidden")
+            assert r.json()["code"] == ("unauthorized" if status == 401 else "forbidden")
+            assert admin_srv.admin_key not in r.text
     assert admin_srv.faults() == ""  # no refused PUT changed anything
-    for key in (admin_srv.service_key, admin_srv.mint_key(permissions=["*"])):
-        r = httpx.get(admin_srv.url + "/__admin/faults", headers={"Authorization": f"Bearer {key}"})
-        assert r.status_code == 200 and r.json() == {"faults": ""}
+    r = httpx.get(
+        admin_srv.url + "/__admin/faults", headers={"Authorization": f"Bearer {admin_srv.admin_key}"}
+    )
+    assert r.status_code == 200 and r.json() == {"faults": ""}
+
+
+def test_a_projects_full_key_cannot_read_another_projects_requests(admin_srv: InProcessServer) -> None:
+    theirs = Raw(admin_srv.url, admin_srv.mint_key(project="theirs"))
+    assert theirs.acquire("payroll", new_id()).status_code == 201
+    theirs.close()
+    mine = {"Authorization": f"Bearer {admin_srv.mint_key(project='mine')}"}
+    r = httpx.get(admin_srv.url + "/__admin/requests", headers=mine)
+    assert r.status_code == 403 and "payroll" not in r.text
+    assert [e["path"] for e in admin_srv.requests()] == ["/locks/payroll/lease"]  # the harness's admin key
+
+
+def test_serve_prints_the_admin_key_and_takes_one_from_the_env_or_the_flag(tmp_path: Path) -> None:
+    chosen = "a" * 40
+    for how in ("generated", "env", "flag"):
+        env = {**os.environ, "VOLCANO_LOCAL_SECRET": "s" * 40, "PYTHONUNBUFFERED": "1"}
+        env.pop("VOLCANO_LOCAL_ADMIN_KEY", None)
+        args = [*SERVE, "--db", str(tmp_path / f"{how}.sqlite3"), "--admin"]
+        if how == "env":
+            env["VOLCANO_LOCAL_ADMIN_KEY"] = chosen
+        elif how == "flag":
+            args += ["--admin-key", chosen]
+        with subprocess.Popen(args, stdout=subprocess.PIPE, text=True, env=env) as proc:
+            assert proc.stdout is not None
+            printed = {}
+            for line in proc.stdout:
+                if line.strip() == "ready":
+                    break
+                name, sep, value = line.strip().partition("=")
+                if sep and name.startswith("VOLCANO_"):
+                    printed[name] = value
+            admin_key = printed["VOLCANO_ADMIN_KEY"]
+            assert len(admin_key) >= 32 and (admin_key == chosen) == (how != "generated")
+            url = printed["VOLCANO_API_URL"]
+            for key, status in ((admin_key, 200), (printed["VOLCANO_SERVICE_KEY"], 403)):
+                r = httpx.get(url + "/__admin/faults", headers={"Authorization": f"Bearer {key}"})
+                assert r.status_code == status, r.text
+            proc.terminate()
+            proc.wait(HANG_BOUND)
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (["--admin-key", "a" * 40], {}, "--admin-key needs --admin"),
+        (["--admin", "--admin-key", "short-admin-key"], {}, "at least 32 visible ASCII characters"),
+        (["--admin"], {"VOLCANO_LOCAL_ADMIN_KEY": "short-admin-key"}, "at least 32 visible ASCII characters"),
+    ],
+)
+def test_a_bad_admin_key_is_a_usage_error_that_does_not_show_it(
+    tmp_path: Path, args: list[str], env: dict[str, str], message: str
+) -> None:
+    done = serve_until_exit(tmp_path, *args, env={"VOLCANO_LOCAL_SECRET": "s" * 40, **env})
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+    assert "short-admin-key" not in done.stderr + done.stdout
 
 
 def test_admin_on_a_non_loopback_host_warns() -> None:
@@ -82,7 +149,7 @@ def _serve(db: Path, env_extra: dict[str, str] | None = None) -> subprocess.Pope
     env = {k: v for k, v in os.environ.items() if k != "VOLCANO_LOCAL_SECRET"}
     env.update(env_extra or {})
     return subprocess.Popen(
-        [sys.executable, "-m", "volcano_locks", "serve", "--port", "0", "--db", str(db)],
+        [*SERVE, "--db", str(db)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -166,24 +233,30 @@ def test_a_secret_file_of_another_user_is_refused(tmp_path: Path) -> None:
 # --- ambiguous requests ----------------------------------------------------------------------------
 
 
-def _exchange(srv: InProcessServer, data: bytes) -> bytes:
-    with socket.create_connection(("127.0.0.1", srv.port), timeout=HANG_BOUND) as sock:
-        sock.sendall(data)
-        chunks = []
-        while chunk := sock.recv(65536):
-            chunks.append(chunk)
-    return b"".join(chunks)
-
-
 @pytest.mark.parametrize(
-    "repeated",
+    ("repeated", "code", "says"),
     [
-        "Content-Length: 19\r\nContent-Length: 40\r\n",
-        "Authorization: Bearer {key}\r\nAuthorization: Bearer {key}\r\n",
-        "X-Volcano-Lock-Token: {token}\r\nX-Volcano-Lock-Token: {other}\r\n",
+        (
+            "Content-Length: 19\r\nContent-Length: 40\r\n",
+            "invalid_body",
+            "conflicting Content-Length headers",
+        ),
+        ("Host: x\r\nHost: y\r\n", "bad_request", "Found multiple Host"),
+        (
+            "Authorization: Bearer {key}\r\nAuthorization: Bearer {key}\r\n",
+            "bad_request",
+            "repeated authorization",
+        ),
+        (
+            "X-Volcano-Lock-Token: {token}\r\nX-Volcano-Lock-Token: {other}\r\n",
+            "bad_request",
+            "repeated x-volcano-lock-token",
+        ),
     ],
 )
-def test_repeated_framing_or_identity_headers_are_400(admin_srv: InProcessServer, repeated: str) -> None:
+def test_repeated_framing_or_identity_headers_are_400(
+    admin_srv: InProcessServer, repeated: str, code: str, says: str
+) -> None:
     token = new_id()
     lines = {
         "Host": "x",
@@ -195,13 +268,13 @@ def test_repeated_framing_or_identity_headers_are_400(admin_srv: InProcessServer
     first = repeated.split(":", 1)[0]
     head = "".join(f"{k}: {v}\r\n" for k, v in lines.items() if k != first)
     head += repeated.format(key=admin_srv.service_key, token=token, other=new_id())
-    answer = _exchange(
-        admin_srv, f"POST /locks/job/lease HTTP/1.1\r\n{head}\r\n".encode() + b'{"ttl_seconds": 30}'
+    answer = exchange(
+        admin_srv.port, f"POST /locks/job/lease HTTP/1.1\r\n{head}\r\n".encode() + b'{"ttl_seconds": 30}'
     )
     status = int(answer.split(b" ", 2)[1])
     body = json.loads(answer.partition(b"\r\n\r\n")[2])
-    assert status == 400 and body["code"] == "bad_request"
-    assert f"repeated {first.lower()} header" in body["error"]
+    assert status == 400 and body["code"] == code
+    assert says in body["error"]
     raw = Raw(admin_srv.url, admin_srv.service_key)
     assert raw.get("job").json() == {"held": False}
     raw.close()

@@ -8,21 +8,21 @@ store, so a store that fails or hangs is a 503 here already), body size (over 64
 `body_too_large`), request id, key, lock token, body, the service (409s; 503 `unavailable` when the
 store fails), injected faults (`when=after`). The connection layer (`http11`) bounds what reaches here.
 
-`/__admin/*` exists only with `admin=True` and needs a full-access service key of this server (the key
-`serve` prints: role service, no `permissions` claim or `*` in it); the request log it serves keeps at
-most 10,000 entries with paths cut to 400 characters, and nothing at all when admin is off.
+`/__admin/*` exists only when the app is given an admin key, and needs `Authorization: Bearer <admin key>`:
+the server's own credential (`serve --admin` prints it as VOLCANO_ADMIN_KEY), never a project's key, which
+gets a 403 however privileged it is. The request log it serves keeps at most 10,000 entries with paths cut
+to 400 characters, and nothing at all when admin is off.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
 
-from .auth import Authenticator
+from .auth import AdminGate, Authenticator
 from .clock import Clock, system_clock
 from .errors import ApiError, StoreUnavailable
 from .faults import FaultAction, FaultInjector
@@ -31,6 +31,7 @@ from .requestlog import RequestLog
 from .service import LockService, hash_token
 from .validation import (
     MAX_BODY_BYTES,
+    load_json_body,
     parse_ttl_body,
     validate_key,
     validate_request_id,
@@ -99,20 +100,21 @@ class LockApp:
         quota: QuotaLimiter,
         faults: FaultInjector | None = None,
         *,
-        admin: bool = False,
+        admin_key: str | None = None,
         clock: Clock = system_clock,
         log_requests: bool = True,
     ) -> None:
-        """Wire the pipeline; `admin` exposes /__admin/faults and /__admin/requests."""
+        """Wire the pipeline; an `admin_key` exposes /__admin/faults and /__admin/requests behind it."""
         self.service = service
         self.authenticator = authenticator
         self.quota = quota
         self.faults = faults or FaultInjector()
-        self.admin = admin
+        self._admin_gate = AdminGate(admin_key, authenticator) if admin_key is not None else None
+        self.admin = self._admin_gate is not None
         self.clock = clock
         self.log_requests = log_requests
         # Only the admin endpoint reads the log; without it the log keeps nothing.
-        self.requests = RequestLog(_REQUEST_LOG_ENTRIES if admin else 0)
+        self.requests = RequestLog(_REQUEST_LOG_ENTRIES if self.admin else 0)
 
     def handle(self, req: Request) -> Response:
         """Answer one request (never raises for anything about the request's shape)."""
@@ -219,7 +221,7 @@ class LockApp:
                     headers={"Retry-After": str(retry_after)},
                 )
             if req.body_too_large:
-                raise ApiError(400, "body_too_large", f"request body is larger than {MAX_BODY_BYTES} bytes")
+                raise _body_too_large()
             validate_request_id(req.headers.get("x-volcano-request-id"))
             key = validate_key(unquote(raw_key, errors="strict"))
             project = principal.project
@@ -249,24 +251,32 @@ class LockApp:
             )
 
     def _admin(self, req: Request, path: str) -> Response:
-        if not self.admin:
+        if self._admin_gate is None:
             return error_response(ApiError(404, "not_found", f"no such endpoint: {path[:100]!r}"))
         try:
-            self.authenticator.authenticate_admin(req.headers.get("authorization"))
+            self._admin_gate.check(req.headers.get("authorization"))
+            return self._admin_op(req, path)
         except ApiError as exc:
             return error_response(exc)
+        except Exception:  # a bug: the admin caller still gets an answer
+            log.exception("internal error on admin %s %s", req.method[:_LOGGED_METHOD_CHARS], path[:200])
+            return Response(500, {"error": "internal server error", "code": "internal_error"})
+
+    def _admin_op(self, req: Request, path: str) -> Response:
         if path == "/__admin/faults":
             if req.method == "GET":
                 return Response(200, {"faults": self.faults.spec})
             if req.method == "PUT":
+                if req.body_too_large:
+                    raise _body_too_large()
+                doc = load_json_body(req.body or b"null", "invalid_faults")
+                spec = doc.get("faults") if isinstance(doc, dict) else None
+                if spec is not None and not isinstance(spec, str):
+                    raise ApiError(400, "invalid_faults", 'body must be {"faults": "<spec>"}')
                 try:
-                    doc = json.loads(req.body or b"null")
-                    spec = doc.get("faults") if isinstance(doc, dict) else None
-                    if spec is not None and not isinstance(spec, str):
-                        raise ValueError('body must be {"faults": "<spec>"}')
                     self.faults.set(spec)
                 except ValueError as exc:
-                    return error_response(ApiError(400, "invalid_faults", str(exc)))
+                    raise ApiError(400, "invalid_faults", str(exc)) from None
                 log.info("faults set to %r", self.faults.spec)
                 return Response(200, {"faults": self.faults.spec})
             return method_not_allowed(req.method, "GET, PUT")
@@ -278,6 +288,10 @@ class LockApp:
                 return Response(204)
             return method_not_allowed(req.method, "GET, DELETE")
         return error_response(ApiError(404, "not_found", f"no such admin endpoint: {path[:100]!r}"))
+
+
+def _body_too_large() -> ApiError:
+    return ApiError(400, "body_too_large", f"request body is larger than {MAX_BODY_BYTES} bytes")
 
 
 def method_not_allowed(method: str, allow: str) -> Response:

@@ -1,9 +1,12 @@
-"""HS256 JWT keys: minting, and verifying a bearer key into the caller's project (401/403 rules)."""
+"""HS256 JWT keys: minting, and verifying a bearer key into the caller's project (401/403 rules); the
+server's own admin key, which no project's key can stand in for."""
 
 from __future__ import annotations
 
 import functools
+import hmac
 import math
+import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -14,9 +17,20 @@ import jwt
 from .clock import Clock, system_clock
 from .errors import ApiError
 
-__all__ = ["MIN_SECRET_BYTES", "Authenticator", "Principal", "check_secret", "mint_key"]
+__all__ = [
+    "MIN_ADMIN_KEY_CHARS",
+    "MIN_SECRET_BYTES",
+    "AdminGate",
+    "Authenticator",
+    "Principal",
+    "check_admin_key",
+    "check_secret",
+    "mint_key",
+    "new_admin_key",
+]
 
 MIN_SECRET_BYTES = 32  # RFC 7518 section 3.2: an HS256 key at least as long as the hash output
+MIN_ADMIN_KEY_CHARS = 32
 _ALGORITHMS = ["HS256"]
 
 
@@ -28,6 +42,21 @@ def check_secret(secret: str) -> str:
             f" got {len(secret.encode('utf-8'))} bytes"
         )
     return secret
+
+
+def check_admin_key(key: str) -> str:
+    """Return `key` if it can serve as the admin key (>= 32 visible ASCII characters), else ValueError."""
+    if len(key) < MIN_ADMIN_KEY_CHARS or not all("!" <= c <= "~" for c in key):
+        raise ValueError(
+            f"the admin key must be at least {MIN_ADMIN_KEY_CHARS} visible ASCII characters;"
+            f" got {len(key)} characters (value not shown)"
+        )
+    return key
+
+
+def new_admin_key() -> str:
+    """A fresh random admin key (256 bits, URL-safe)."""
+    return secrets.token_urlsafe(32)
 
 
 def mint_key(
@@ -127,14 +156,45 @@ class Authenticator:
                 raise ApiError(403, "forbidden", "this service key lacks the 'locks.manage' permission")
         return Principal(project=project, role=role)
 
-    def authenticate_admin(self, authorization: str | None) -> Principal:
-        """Principal of a full-access service key (no `permissions` claim, or `*`), else 401/403."""
-        principal = self.authenticate(authorization)
-        token = authorization.strip().partition(" ")[2].strip() if authorization else ""
-        permissions = self._verified(token).get("permissions")
-        if permissions is not None and "*" not in permissions:
-            raise ApiError(403, "forbidden", "the admin endpoints need a full-access service key")
-        return principal
+    def signed_here(self, authorization: str | None) -> bool:
+        """Whether the bearer key was signed with this server's secret (whatever its claims say)."""
+        scheme, _, token = (authorization or "").strip().partition(" ")
+        try:
+            self._verified(token.strip())
+        except jwt.InvalidTokenError:
+            return False
+        return scheme.lower() == "bearer"
+
+
+class AdminGate:
+    """The admin endpoints' door: `Authorization: Bearer <admin key>`, the server's own credential.
+
+    A project's key, even a full-access one, is refused: it speaks for one project, and the admin
+    endpoints (the request log of every project, server-wide faults) belong to whoever runs the server.
+    """
+
+    def __init__(self, admin_key: str, authenticator: Authenticator) -> None:
+        """Open for `admin_key` only; `authenticator` tells a project's key (403) from a bad one (401)."""
+        self._key = check_admin_key(admin_key).encode("ascii")
+        self._authenticator = authenticator
+
+    def __repr__(self) -> str:
+        return "AdminGate(admin_key=<hidden>)"
+
+    def check(self, authorization: str | None) -> None:
+        """Pass the admin key; raise 401 for no key or a bad one, 403 for a project's key."""
+        scheme, _, token = (authorization or "").strip().partition(" ")
+        given = token.strip().encode("utf-8", "replace")
+        if scheme.lower() == "bearer" and hmac.compare_digest(given, self._key):
+            return
+        if self._authenticator.signed_here(authorization):
+            raise ApiError(
+                403,
+                "forbidden",
+                "the admin endpoints need this server's admin key ($VOLCANO_ADMIN_KEY, printed at start),"
+                " not a project's key",
+            )
+        raise _unauthorized("the admin endpoints need 'Authorization: Bearer <the server's admin key>'")
 
 
 def _is_finite_number(value: object) -> bool:

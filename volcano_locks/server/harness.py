@@ -19,7 +19,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
-from .auth import check_secret, mint_key
+from .auth import check_admin_key, check_secret, mint_key, new_admin_key
 from .clock import Clock, system_clock
 
 if TYPE_CHECKING:
@@ -31,7 +31,7 @@ _DEFAULT_PROJECT = "local"
 
 
 class _ServerBase:
-    """What both harnesses share: keys, env, and the admin endpoints (called with the service key)."""
+    """What both harnesses share: keys, env, the admin endpoints (with the admin key), the lifecycle."""
 
     project: str = _DEFAULT_PROJECT
 
@@ -45,8 +45,12 @@ class _ServerBase:
         port: int,
         host: str,
         log_requests: bool,
+        admin_key: str | None,
     ) -> None:
-        """Keep the options; db None means a fresh SQLite file in a private temp dir removed with us."""
+        """Keep the options; db None means a fresh SQLite file in a private temp dir removed with us.
+
+        `admin_key` None makes a random one, kept across restarts (the admin endpoints take only it).
+        """
         self._tmp = Path(tempfile.mkdtemp(prefix="volcano-locks-"))
         self._finalizer = weakref.finalize(self, shutil.rmtree, str(self._tmp), True)
         self.db = db or str(self._tmp / "locks.sqlite3")
@@ -54,6 +58,7 @@ class _ServerBase:
         self.quota = quota
         self.faults_spec = faults
         self.admin = admin
+        self.admin_key = check_admin_key(admin_key) if admin_key is not None else new_admin_key()
         self.port = port
         self.host = host
         self.log_requests = log_requests
@@ -101,7 +106,7 @@ class _ServerBase:
     def _admin(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(self.url + path, data=data, method=method)
-        req.add_header("Authorization", f"Bearer {self.service_key}")
+        req.add_header("Authorization", f"Bearer {self.admin_key}")
         if data is not None:
             req.add_header("Content-Type", "application/json")
         try:
@@ -128,6 +133,27 @@ class _ServerBase:
         """Forget the recorded requests (needs admin=True)."""
         self._admin("DELETE", "/__admin/requests")
 
+    def start(self) -> Self:
+        """Start serving; return self."""
+        raise NotImplementedError
+
+    def stop(self) -> int | None:
+        """Stop serving (a subprocess's exit code, else None)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Stop serving and delete the private temp dir."""
+        self.stop()
+        self._finalizer()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
 
 class LocalServer(_ServerBase):
     """Run `python -m volcano_locks serve` as a subprocess on a free port, for tests, demos and benches.
@@ -152,12 +178,13 @@ class LocalServer(_ServerBase):
         startup_timeout: float = 15.0,
         env: dict[str, str] | None = None,
         serve_args: Sequence[str] = (),
+        admin_key: str | None = None,
     ) -> None:
         """Configure (not start) a server; db None means a fresh SQLite file in a private temp dir.
 
         `serve_args` are appended to the `volcano-locks serve` command line (e.g. `--max-connections`).
         """
-        super().__init__(db, secret, quota, faults, admin, port, host, log_requests)
+        super().__init__(db, secret, quota, faults, admin, port, host, log_requests, admin_key)
         self.serve_args = list(serve_args)
         self.python = python
         self.startup_timeout = startup_timeout
@@ -193,6 +220,7 @@ class LocalServer(_ServerBase):
             **os.environ,
             **self.extra_env,
             "VOLCANO_LOCAL_SECRET": self.secret,
+            "VOLCANO_LOCAL_ADMIN_KEY": self.admin_key,
             "VOLCANO_LOCAL_PARENT_PID": str(os.getpid()),
             "PYTHONUNBUFFERED": "1",
         }
@@ -248,19 +276,6 @@ class LocalServer(_ServerBase):
         self.stop()
         return self.start()
 
-    def close(self) -> None:
-        """Stop the server and delete its private temp dir."""
-        self.stop()
-        self._finalizer()
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
-
 
 class InProcessServer(_ServerBase):
     """The real HTTP server on a thread in this process, with an injectable clock (for timing tests).
@@ -284,11 +299,12 @@ class InProcessServer(_ServerBase):
         clock: Clock = system_clock,
         log_requests: bool = False,
         limits: Limits | None = None,
+        admin_key: str | None = None,
     ) -> None:
         """Configure (not start) a server; db None means a fresh SQLite file in a private temp dir."""
         from .store import LockStore
 
-        super().__init__(db, secret, quota, faults, admin, port, host, log_requests)
+        super().__init__(db, secret, quota, faults, admin, port, host, log_requests, admin_key)
         self.clock = clock
         self.limits = limits
         self._store: LockStore | None = None
@@ -306,7 +322,7 @@ class InProcessServer(_ServerBase):
             self.secret,
             quota=self.quota,
             faults=self.faults_spec,
-            admin=self.admin,
+            admin_key=self.admin_key if self.admin else None,
             clock=self.clock,
             log_requests=self.log_requests,
         )
@@ -330,16 +346,3 @@ class InProcessServer(_ServerBase):
         if self._store is not None:
             self._store.close()
             self._store = None
-
-    def close(self) -> None:
-        """Stop and delete the private temp dir."""
-        self.stop()
-        self._finalizer()
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()

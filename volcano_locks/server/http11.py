@@ -1,22 +1,29 @@
-"""The server's HTTP/1.1 connection layer: bounded connections, bounded request heads, a total send time.
+"""The server's HTTP/1.1 connection layer: h11 parses, this module bounds connections, heads, bodies and time.
 
-Every resource a client can make the server hold is bounded (see `Limits`):
+h11 (the sans-I/O HTTP/1.1 library httpx is built on) turns bytes into requests and responses into bytes,
+and rejects what RFC 9112 calls malformed (a space before a header's colon, a non-digit Content-Length,
+conflicting lengths, a missing Host) as its `RemoteProtocolError`, answered here with a 400. A body is
+framed by its Content-Length whatever the method, so the bytes of a `HEAD` body are never read as a
+second request. This module owns everything h11 leaves to its caller, and bounds every resource a client
+can make the server hold (see `Limits`):
 
 - connections (one thread each): at most `max_connections`, lowered to fit the open-file limit. At the cap a
   new connection displaces the connection idle longest between requests, else one that has spent over a
   second sending its request (a legitimate client sends a request in milliseconds); a request being
   answered is never displaced. If none can go, the new connection gets a 503 and is closed.
-- memory per request: the request line and each header line at most `max_line` bytes (414/431), the whole
-  head at most `max_head` bytes and `max_headers` lines (431), the body `MAX_BODY_BYTES` (400; up to 16 MiB
-  are drained so the connection stays usable, larger bodies are refused unread).
+- memory per request: the request line at most `max_line` bytes (414), each header line too (431), the
+  whole head at most `max_head` bytes (h11's `max_incomplete_event_size`) and `max_headers` lines (431),
+  the body `MAX_BODY_BYTES` (400; up to 16 MiB are drained so the connection stays usable, larger bodies
+  are refused unread).
 - time: once a request's first byte arrives, its head and body must all arrive within `request_timeout`
   seconds, however the bytes trickle in (408, then close); a connection waits at most `idle_timeout` for
   the next request.
 - accept: at the open-file limit (EMFILE) the accept loop frees an idle connection and pauses instead of
   spinning.
 
-Repeated framing or identity headers (Content-Length, Authorization, the lock token and request id, Host,
-Transfer-Encoding) are a 400. A `drop` fault closes the connection without writing anything.
+Repeated identity headers (Authorization, the lock token and request id) are a 400, as h11 makes repeated
+Host and conflicting Content-Length; a Transfer-Encoding (chunked bodies) is a 400 `invalid_body`. A `drop`
+fault closes the connection without writing anything.
 """
 
 from __future__ import annotations
@@ -36,6 +43,8 @@ from email.utils import formatdate
 from http import HTTPStatus
 from typing import Any
 
+import h11
+
 from .app import LockApp, Request, Response, error_response, is_request_id, method_not_allowed
 from .errors import ApiError
 from .validation import MAX_BODY_BYTES
@@ -54,18 +63,13 @@ _SLOW_SENDER = 1.0
 # connections, logs, the listening socket).
 _FD_RESERVE = 48
 _RECV = 65536
-_REPEAT_FORBIDDEN = frozenset(
-    {
-        "content-length",
-        "authorization",
-        "x-volcano-lock-token",
-        "x-volcano-request-id",
-        "host",
-        "transfer-encoding",
-    }
-)
+# h11 already refuses a repeated Host and conflicting Content-Length values (identical ones are one value,
+# as RFC 9110 8.6 allows); these say who is asking and for which lease, so two of them are ambiguous.
+_REPEAT_FORBIDDEN = frozenset({"authorization", "x-volcano-lock-token", "x-volcano-request-id"})
 _DISPATCHED = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "CONNECT"})
-_HEAD_END = re.compile(rb"\r?\n\r?\n")
+_ALLOWED = "GET, POST, PATCH, DELETE"
+# h11's messages quote the offending bytes (which may be a credential): keep only the words before them.
+_QUOTED = re.compile(r":?\s*(?:b'|b\"|bytearray\().*", re.DOTALL)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,16 +109,17 @@ _IDLE, _SENDING, _BUSY = "idle", "sending", "busy"
 
 
 class _Conn:
-    """One client connection: its socket, unread bytes, and what it is doing (for displacement)."""
+    """One client connection: its socket, its h11 state, and what it is doing (for displacement)."""
 
-    __slots__ = ("buf", "displaced", "lock", "since", "sock", "state")
+    __slots__ = ("displaced", "h11", "lock", "pending", "since", "sock", "state")
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, max_head: int) -> None:
         self.sock = sock
-        self.buf = bytearray()
+        self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=max_head)
         self.lock = threading.Lock()
         self.state = _IDLE
         self.since = time.monotonic()
+        self.pending = False  # bytes of a next request already received (not idle, even between requests)
         self.displaced = False
 
     def set_state(self, state: str) -> None:
@@ -131,17 +136,14 @@ class _Conn:
             with contextlib.suppress(OSError):
                 self.sock.shutdown(socket.SHUT_RDWR)
 
-    def fill(self, deadline: float) -> bool:
-        """Receive more bytes into `buf` before `deadline`; False on EOF. Raises TimeoutError when late."""
+    def fill(self, deadline: float) -> bytes:
+        """Receive bytes before `deadline` (b"" on EOF or displacement). Raises TimeoutError when late."""
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise TimeoutError
         self.sock.settimeout(remaining)
         data = self.sock.recv(_RECV)
-        if not data or self.displaced:
-            return False
-        self.buf += data
-        return True
+        return b"" if self.displaced else data
 
 
 class LockHTTPServer(socketserver.TCPServer):
@@ -196,7 +198,7 @@ class LockHTTPServer(socketserver.TCPServer):
     def process_request(self, request: Any, client_address: Any) -> None:
         """Admit the connection (displacing an idle or slow one at the cap) and serve it on a thread."""
         sock: socket.socket = request
-        conn = _Conn(sock)
+        conn = _Conn(sock, self.limits.max_head)
         with self._conns_lock:
             victim = None
             if len(self._conns) >= self.max_connections:
@@ -219,7 +221,7 @@ class LockHTTPServer(socketserver.TCPServer):
             self._refuse(sock)
 
     def _pick_victim(self, *, idle_only: bool) -> _Conn | None:
-        idle = [c for c in self._conns if c.state == _IDLE and not c.buf]
+        idle = [c for c in self._conns if c.state == _IDLE and not c.pending]
         if idle:
             return min(idle, key=lambda c: c.since)
         if idle_only:
@@ -237,7 +239,7 @@ class LockHTTPServer(socketserver.TCPServer):
         )
         with contextlib.suppress(OSError):
             sock.setblocking(False)
-            sock.send(_encode(resp, None, close=True))
+            sock.send(_encode(h11.Connection(h11.SERVER), resp, None, close=True))
         with contextlib.suppress(OSError):
             sock.close()
 
@@ -264,30 +266,42 @@ class LockHTTPServer(socketserver.TCPServer):
 
 
 class _Exchange:
-    """The request loop of one connection."""
+    """The request loop of one connection: h11 events in, the app's responses out, within the limits."""
 
     def __init__(self, server: LockHTTPServer, conn: _Conn) -> None:
         self.server = server
         self.conn = conn
+        self.h11 = conn.h11
         self.limits = server.limits
+        # The first bytes of a request head still being received, until its request line has ended.
+        self._line: bytearray | None = None
 
     def run(self) -> None:
         conn = self.conn
         conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         while True:
+            conn.pending = bool(self.h11.trailing_data[0])
             conn.set_state(_IDLE)
-            if not conn.buf:
+            self._line = bytearray()
+            first = b""
+            if not conn.pending:
                 try:
-                    if not conn.fill(time.monotonic() + self.limits.idle_timeout):
-                        return
+                    first = conn.fill(time.monotonic() + self.limits.idle_timeout)
                 except TimeoutError:
+                    return
+                if not first:
                     return
             conn.set_state(_SENDING)
             deadline = time.monotonic() + self.limits.request_timeout
             try:
+                if first:
+                    self._receive(first)
                 keep = self._one_request(deadline)
             except _Reject as rej:
                 self._send(rej.response, None, close=True)
+                return
+            except h11.RemoteProtocolError as exc:
+                self._send(_malformed(exc, self.limits.max_head), None, close=True)
                 return
             except TimeoutError:
                 message = f"request not received within {self.limits.request_timeout:g} s"
@@ -295,138 +309,138 @@ class _Exchange:
                 return
             if not keep:
                 return
+            self.h11.start_next_cycle()
 
-    def _read_head(self, deadline: float) -> bytes:
-        conn = self.conn
-        start = 0
-        while True:
-            found = _HEAD_END.search(conn.buf, start)
-            if found is not None:
-                head = bytes(conn.buf[: found.start()])
-                del conn.buf[: found.end()]
-                return head
-            if len(conn.buf) > self.limits.max_line and conn.buf.find(b"\n", 0, self.limits.max_line + 2) < 0:
+    def _receive(self, data: bytes) -> None:
+        """Hand `data` to h11, first checking the request line's length while it is still arriving."""
+        line = self._line
+        if line is not None:
+            limit = self.limits.max_line + 2  # the line and its CRLF
+            line += data[: limit - len(line)]
+            if b"\n" in line:
+                self._line = None
+            elif len(line) >= limit:
                 raise _Reject(414, "bad_request", f"request line longer than {self.limits.max_line} bytes")
-            if len(conn.buf) > self.limits.max_head:
-                raise _Reject(431, "bad_request", f"request head larger than {self.limits.max_head} bytes")
-            start = max(0, len(conn.buf) - 3)
-            if not conn.fill(deadline):
-                if conn.buf.strip():
-                    raise _Reject(400, "bad_request", "incomplete request head")
-                raise _Gone
+        self.h11.receive_data(data)
 
-    def _parse_head(self, head: bytes) -> tuple[str, str, str, dict[str, str]]:
+    def _next_event(self, deadline: float, *, in_body: bool) -> Any:
+        """The next h11 event, receiving bytes until one is complete (EOF mid-body: the client is gone)."""
+        while True:
+            event = self.h11.next_event()
+            if event is not h11.NEED_DATA:
+                return event
+            data = self.conn.fill(deadline)
+            if not data and in_body:
+                raise _Gone
+            self._receive(data)
+
+    def _read_head(self, deadline: float) -> tuple[str, str, dict[str, str]]:
+        """Method, target and headers (lower-cased names) of the next request, within the limits."""
+        event = self._next_event(deadline, in_body=False)
+        if not isinstance(event, h11.Request):  # ConnectionClosed; PAUSED cannot happen (cycles are answered)
+            raise _Gone
         limits = self.limits
-        lines = head.split(b"\n")
-        request_line = lines[0].rstrip(b"\r")
-        if len(request_line) > limits.max_line:
+        if len(event.target) + len(event.method) + 10 > limits.max_line:
             raise _Reject(414, "bad_request", f"request line longer than {limits.max_line} bytes")
-        words = str(request_line, "iso-8859-1").split()
-        if len(words) != 3 or not words[2].startswith("HTTP/1."):
+        if not event.http_version.startswith(b"1."):
             raise _Reject(400, "bad_request", "bad request line (expected METHOD PATH HTTP/1.x)")
-        method, target, version = words
-        if len(lines) - 1 > limits.max_headers:
+        if len(event.headers) > limits.max_headers:
             raise _Reject(431, "bad_request", f"more than {limits.max_headers} header lines")
         headers: dict[str, str] = {}
-        for raw in lines[1:]:
-            if len(raw) > limits.max_line:
+        for raw_name, raw_value in event.headers:
+            if len(raw_name) + len(raw_value) + 2 > limits.max_line:
                 raise _Reject(431, "bad_request", f"header line longer than {limits.max_line} bytes")
-            name, sep, value = str(raw.rstrip(b"\r"), "iso-8859-1").partition(":")
-            name = name.strip().lower()
-            if not sep or not name:
-                raise _Reject(400, "bad_request", "malformed header line")
+            name = raw_name.decode("ascii")  # h11 lower-cases names and allows only token characters
             if name in headers and name in _REPEAT_FORBIDDEN:
                 raise _Reject(400, "bad_request", f"repeated {name} header")
-            headers[name] = value.strip()
-        return method, target, version, headers
+            headers[name] = raw_value.decode("iso-8859-1")
+        return event.method.decode("ascii"), event.target.decode("iso-8859-1"), headers
 
     def _one_request(self, deadline: float) -> bool:
         """Read, answer and return whether the connection stays open."""
-        method, target, version, headers = self._parse_head(self._read_head(deadline))
-        connection = headers.get("connection", "").lower()
-        close = connection == "close" or (version == "HTTP/1.0" and connection != "keep-alive")
-        if method == "HEAD":
-            return self._send(
-                method_not_allowed("HEAD", "GET, POST, PATCH, DELETE"), headers, close, head=True
-            )
-        if method not in _DISPATCHED:
-            return self._send(method_not_allowed(method[:16], "GET, POST, PATCH, DELETE"), headers, True)
+        method, target, headers = self._read_head(deadline)
+        if method not in _DISPATCHED and method != "HEAD":
+            # An unknown method's body framing is not ours to guess: answer and close.
+            return self._send(method_not_allowed(method[:16], _ALLOWED), headers, close=True)
         if "transfer-encoding" in headers:
             raise _Reject(400, "invalid_body", "chunked request bodies are not supported")
-        raw_length = headers.get("content-length", "0") or "0"
-        if not raw_length.isdigit() or len(raw_length) > 18:
-            raise _Reject(400, "invalid_body", "invalid Content-Length header")
-        length = int(raw_length)
-        if headers.get("expect", "").lower() == "100-continue" and length <= _DRAIN_LIMIT:
-            self.conn.sock.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+        length = int(headers.get("content-length", "0"))  # h11 checked it is 1-20 ASCII digits
+        if self.h11.they_are_waiting_for_100_continue and length <= _DRAIN_LIMIT:
+            self.conn.sock.sendall(self.h11.send(h11.InformationalResponse(status_code=100, headers=[])))
         too_large = length > MAX_BODY_BYTES
-        body = b""
-        if too_large:
-            if length > _DRAIN_LIMIT:
-                close = True  # refuse without reading: the next bytes on this connection are body
-            else:
-                self._drain(length, deadline)
-        elif length:
-            body = self._read_body(length, deadline)
+        # Beyond the drain limit the body is refused unread, and the connection closes after the answer.
+        body = self._read_body(deadline, keep=not too_large) if length <= _DRAIN_LIMIT else b""
+        if method == "HEAD":  # its body (if any) is read above, so it cannot pose as the next request
+            return self._send(method_not_allowed("HEAD", _ALLOWED), headers, close=False, head=True)
         self.conn.set_state(_BUSY)
-        resp = self.server.app.handle(Request(method, target, headers, body, too_large))
+        resp = self.server.app.handle(Request(method, target, headers, body, body_too_large=too_large))
         if resp.drop:
             with contextlib.suppress(OSError):
                 self.conn.sock.shutdown(socket.SHUT_RDWR)
             return False
-        return self._send(resp, headers, close)
+        return self._send(resp, headers, close=False)
 
-    def _read_body(self, length: int, deadline: float) -> bytes:
-        conn = self.conn
-        while len(conn.buf) < length:
-            if not conn.fill(deadline):
-                raise _Gone  # the client went away mid-body
-        body = bytes(conn.buf[:length])
-        del conn.buf[:length]
-        return body
-
-    def _drain(self, length: int, deadline: float) -> None:
-        conn = self.conn
-        remaining = length
+    def _read_body(self, deadline: float, *, keep: bool) -> bytes:
+        """The request body up to its end; with keep=False it is drained (counted, not kept)."""
+        chunks: list[bytes] = []
         while True:
-            taken = min(remaining, len(conn.buf))
-            del conn.buf[:taken]
-            remaining -= taken
-            if remaining == 0:
-                return
-            if not conn.fill(deadline):
-                raise _Gone
+            event = self._next_event(deadline, in_body=True)
+            if isinstance(event, h11.EndOfMessage):
+                return b"".join(chunks)
+            if isinstance(event, h11.Data) and keep:
+                chunks.append(bytes(event.data))
 
     def _send(
-        self, resp: Response, headers: dict[str, str] | None, close: bool, *, head: bool = False
+        self, resp: Response, headers: dict[str, str] | None, *, close: bool, head: bool = False
     ) -> bool:
+        """Write `resp`; whether the connection can carry another request."""
         sock = self.conn.sock
         sock.settimeout(self.limits.request_timeout)
+        if self.h11.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
+            return False  # nothing more can be said on this connection
+        # A body not read to its end leaves the connection unusable for another request.
+        close = close or self.h11.their_state not in (h11.DONE, h11.IDLE)
         try:
-            sock.sendall(_encode(resp, headers, close=close, head=head))
+            sock.sendall(_encode(self.h11, resp, headers, close=close, head=head))
         except OSError:
             return False
-        return not close
+        return set(self.h11.states.values()) == {h11.DONE}  # both sides done: ready for the next cycle
 
 
-def _encode(resp: Response, headers: dict[str, str] | None, *, close: bool, head: bool = False) -> bytes:
+def _malformed(exc: h11.RemoteProtocolError, max_head: int) -> Response:
+    """The 400 (or 431) for a request h11 refused, naming the rule and never the bytes."""
+    if exc.error_status_hint == 431:
+        return error_response(ApiError(431, "bad_request", f"request head larger than {max_head} bytes"))
+    reason = _QUOTED.sub("", str(exc)).strip() or "malformed request"
+    framing = "content-length" in reason.lower() or "transfer-encoding" in reason.lower()
+    code = "invalid_body" if framing else "bad_request"
+    return error_response(ApiError(400, code, f"malformed HTTP/1.1 request (RFC 9112): {reason}"))
+
+
+def _encode(
+    conn: h11.Connection, resp: Response, headers: dict[str, str] | None, *, close: bool, head: bool = False
+) -> bytes:
+    """The bytes of `resp` through `conn` (h11 frames it; HEAD answers carry the headers only)."""
     payload = b"" if resp.body is None else json.dumps(resp.body, separators=(",", ":")).encode()
     try:
         reason = HTTPStatus(resp.status).phrase
     except ValueError:
         reason = "Error"
-    lines = [f"HTTP/1.1 {resp.status} {reason}", f"Date: {formatdate(usegmt=True)}", "Server: volcano-locks"]
+    lines = [("Date", formatdate(usegmt=True)), ("Server", "volcano-locks")]
     if resp.body is not None:
-        lines.append("Content-Type: application/json")
+        lines.append(("Content-Type", "application/json"))
     if resp.status != 204:
-        lines.append(f"Content-Length: {len(payload)}")
+        lines.append(("Content-Length", str(len(payload))))
     rid = headers.get("x-volcano-request-id") if headers is not None else None
     if rid is not None and is_request_id(rid):
-        lines.append(f"X-Volcano-Request-Id: {rid}")
-    lines.extend(f"{k}: {v}" for k, v in resp.headers.items())
+        lines.append(("X-Volcano-Request-Id", rid))
+    lines.extend(resp.headers.items())
     if close:
-        lines.append("Connection: close")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (b"" if head else payload)
+        lines.append(("Connection", "close"))
+    out = conn.send(h11.Response(status_code=resp.status, headers=lines, reason=reason))
+    if payload and not head:
+        out += conn.send(h11.Data(data=payload))
+    return out + conn.send(h11.EndOfMessage())
 
 
 def _fit_fd_limit(wanted: int) -> int:

@@ -16,7 +16,7 @@ from types import FrameType
 from typing import TextIO
 
 from .app import LockApp
-from .auth import Authenticator, check_secret, mint_key
+from .auth import Authenticator, check_admin_key, check_secret, mint_key, new_admin_key
 from .clock import Clock, system_clock
 from .faults import FaultInjector
 from .http11 import Limits, LockHTTPServer, build_server, serve_in_thread
@@ -25,6 +25,7 @@ from .service import LockService
 from .store import LockStore, open_store
 
 __all__ = [
+    "ADMIN_KEY_ENV",
     "PARENT_ENV",
     "SECRET_ENV",
     "ServeConfig",
@@ -37,6 +38,9 @@ __all__ = [
 
 SECRET_ENV = "VOLCANO_LOCAL_SECRET"
 """Environment variable read when `--secret` is not given (keeps the secret out of `ps`)."""
+
+ADMIN_KEY_ENV = "VOLCANO_LOCAL_ADMIN_KEY"
+"""Environment variable read when `--admin-key` is not given; without either, each start makes a new key."""
 
 PARENT_ENV = "VOLCANO_LOCAL_PARENT_PID"
 """If set (the harness sets it), the server stops when that process is no longer its parent."""
@@ -105,6 +109,7 @@ class ServeConfig:
     quota: int = 600
     faults: str | None = None
     admin: bool = False
+    admin_key: str | None = None
     log_requests: bool = True
     limits: Limits = field(default_factory=Limits)
 
@@ -115,17 +120,20 @@ def build_app(
     *,
     quota: int = 600,
     faults: str | None = None,
-    admin: bool = False,
+    admin_key: str | None = None,
     clock: Clock = system_clock,
     log_requests: bool = True,
 ) -> LockApp:
-    """Wire a LockApp over `store` with one clock for leases, key expiry and quota windows."""
+    """Wire a LockApp over `store` with one clock for leases, key expiry and quota windows.
+
+    An `admin_key` turns the admin endpoints on, behind that key.
+    """
     return LockApp(
         LockService(store, clock),
         Authenticator(secret, clock),
         QuotaLimiter(quota, clock, store.quota_counter()),
         FaultInjector(faults),
-        admin=admin,
+        admin_key=admin_key,
         clock=clock,
         log_requests=log_requests,
     )
@@ -137,6 +145,9 @@ def serve(config: ServeConfig, out: TextIO = sys.stdout) -> int:
     db = config.db or default_db_path()
     secret = config.secret or os.environ.get(SECRET_ENV) or load_or_create_secret(secret_path_for(db))
     check_secret(secret)
+    admin_key = None
+    if config.admin:
+        admin_key = check_admin_key(config.admin_key or os.environ.get(ADMIN_KEY_ENV) or new_admin_key())
     store = open_store(db)
     httpd: LockHTTPServer | None = None
     try:
@@ -145,14 +156,14 @@ def serve(config: ServeConfig, out: TextIO = sys.stdout) -> int:
             secret,
             quota=config.quota,
             faults=config.faults,
-            admin=config.admin,
+            admin_key=admin_key,
             log_requests=config.log_requests,
         )
         httpd = build_server(config.host, config.port, app, config.limits)
         if config.admin and not _is_loopback(config.host):
             log.warning(
-                "--admin on %s, which is not a loopback address: anyone who can reach it and holds a"
-                " full-access service key can inject faults and read the request log",
+                "--admin on %s, which is not a loopback address: anyone who can reach it and holds the"
+                " admin key can inject faults and read every project's request log",
                 config.host,
             )
         stop = threading.Event()
@@ -167,15 +178,17 @@ def serve(config: ServeConfig, out: TextIO = sys.stdout) -> int:
         print(f"Volcano locks server on {httpd.url} (db: {shown_db}, project: local)", file=out)
         if config.faults:
             print(f"fault injection ON: {config.faults}", file=out)
-        if config.admin:
+        if admin_key is not None:
             print(
                 "admin endpoints ON: /__admin/faults, /__admin/requests"
-                " (Authorization: Bearer $VOLCANO_SERVICE_KEY)",
+                " (Authorization: Bearer $VOLCANO_ADMIN_KEY; no project's key opens them)",
                 file=out,
             )
         print(f"VOLCANO_API_URL={httpd.url}", file=out)
         print(f"VOLCANO_ANON_KEY={mint_key(secret, 'local', 'anon')}", file=out)
         print(f"VOLCANO_SERVICE_KEY={mint_key(secret, 'local', 'service')}", file=out)
+        if admin_key is not None:
+            print(f"VOLCANO_ADMIN_KEY={admin_key}", file=out)
         print("ready", file=out, flush=True)
         parent = os.environ.get(PARENT_ENV)
         while not stop.wait(0.2):
