@@ -35,19 +35,19 @@ import httpx
 from volcano_locks import protocol
 from volcano_locks.clock import lease_clock
 from volcano_locks.config import ClientConfig, resolve_config
-from volcano_locks.errors import (
-    OwnershipLost,
-    ProtocolError,
-    RateLimited,
-    TransportError,
-    translate_transport_errors,
-)
+from volcano_locks.errors import OwnershipLost, ProtocolError, RateLimited, TransportError
 from volcano_locks.governor import Governor
 from volcano_locks.guard import AsyncLockContext, LockContext, OnContention
 from volcano_locks.models import LockLease, LockState
 from volcano_locks.orphans import AsyncReaper, Attempt, Orphan, SyncReaper, stand_in
 from volcano_locks.protocol import Call, Flow, Reply
-from volcano_locks.transport import DeadlineTransport, deadline, env_proxy, lane_for
+from volcano_locks.transport import (
+    DeadlineTransport,
+    deadline,
+    env_proxy,
+    lane_for,
+    translate_transport_errors,
+)
 from volcano_locks.waiting import OnWaiting, WaitPolicy, async_wait_acquire, wait_acquire, wake
 
 __all__ = ["MAX_RESPONSE_BYTES", "AsyncVolcanoLocks", "VolcanoLocks"]
