@@ -29,7 +29,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from functools import partial
 from types import TracebackType
-from typing import Any, Generic, TypedDict, TypeVar, Unpack, cast
+from typing import Any, Generic, Self, TypedDict, TypeVar, Unpack, cast
 
 import httpx
 
@@ -72,6 +72,36 @@ def _take(body: bytearray, chunk: bytes, call: Call, status: int) -> None:
             status=status,
             request_id=call.request_id,
         )
+
+
+class Closing:
+    """``with`` for what has a ``close()``: the block's end closes it (the sync client, the SDK's)."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class AsyncClosing:
+    """``async with`` for what has an ``aclose()`` (the async client, the SDK's)."""
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        raise NotImplementedError
 
 
 class _WaitOptions(TypedDict, total=False):
@@ -312,7 +342,7 @@ class _Base(Generic[_TransportT, _ContextT]):
         return f"{type(self).__name__}(api_url={self._config.api_url!r})"
 
 
-class VolcanoLocks(_Base[httpx.BaseTransport, LockContext]):
+class VolcanoLocks(Closing, _Base[httpx.BaseTransport, LockContext]):
     """Synchronous Volcano project locks client.
 
     Args:
@@ -345,14 +375,6 @@ class VolcanoLocks(_Base[httpx.BaseTransport, LockContext]):
         self._keeping = httpx.Client(transport=transport, **self._lane_options())
         self._other = httpx.Client(transport=transport, **self._lane_options())
         self._reaper = SyncReaper(self._release_orphan, self._config.timeout)
-
-    def __enter__(self) -> VolcanoLocks:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
     def close(self) -> None:
         """Release abandoned acquisitions once more (bounded), then close both connection pools."""
@@ -467,7 +489,7 @@ class VolcanoLocks(_Base[httpx.BaseTransport, LockContext]):
         return wait_acquire(self, key, ttl, **options)
 
 
-class AsyncVolcanoLocks(_Base[httpx.AsyncBaseTransport, AsyncLockContext]):
+class AsyncVolcanoLocks(AsyncClosing, _Base[httpx.AsyncBaseTransport, AsyncLockContext]):
     """Asynchronous Volcano project locks client; same arguments and method names as :class:`VolcanoLocks`.
 
     Example:
@@ -483,14 +505,6 @@ class AsyncVolcanoLocks(_Base[httpx.AsyncBaseTransport, AsyncLockContext]):
         self._keeping = httpx.AsyncClient(transport=transport, **self._lane_options())
         self._other = httpx.AsyncClient(transport=transport, **self._lane_options())
         self._reaper = AsyncReaper(self._release_orphan, self._config.timeout)
-
-    async def __aenter__(self) -> AsyncVolcanoLocks:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
 
     async def aclose(self) -> None:
         """Release abandoned acquisitions once more (bounded), then close both connection pools."""

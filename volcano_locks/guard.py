@@ -68,16 +68,7 @@ if TYPE_CHECKING:
 __all__ = ["AsyncLockContext", "AsyncLockGuard", "LockContext", "LockGuard", "OnContention"]
 
 
-class _KeeperState(Protocol):
-    @property
-    def lease(self) -> LockLease: ...
-    @property
-    def lost(self) -> bool: ...
-    @property
-    def loss(self) -> OwnershipLost | None: ...
-
-
-_KeeperT = TypeVar("_KeeperT", bound=_KeeperState)
+_KeeperT = TypeVar("_KeeperT", bound=LeaseKeeper | AsyncLeaseKeeper)
 
 logger = logging.getLogger("volcano_locks.guard")
 
@@ -192,7 +183,7 @@ class _GuardState(Generic[_KeeperT]):
     """What both guards report: the latest lease and whether ownership was lost."""
 
     def __init__(self, keeper: _KeeperT | None) -> None:
-        self._keeper = keeper
+        self._keeper: _KeeperT | None = keeper
 
     @property
     def acquired(self) -> bool:

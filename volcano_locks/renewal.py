@@ -74,14 +74,20 @@ LOSS_KEEPER_FAILED = ErrorCode.KEEPER_FAILED
 
 @dataclass(frozen=True)
 class KeeperTiming:
-    """Tunables of the keeper; ``request_timeout`` is the renewal request's timeout in seconds."""
+    """Tunables of the keeper, in seconds (``jitter``: a fraction)."""
 
     request_timeout: float
+    """The renewal request's timeout (:func:`renewal_timeout`)."""
     margin: float = 1.0
+    """How early a renewal must reach the server before the local deadline (the contract's 1 s)."""
     jitter: float = 0.1
+    """The spread of the renewal time around a third of the TTL (10 %: either side)."""
     backoff_initial: float = 0.25
+    """The delay before the first retry of a transient failure; it doubles with each."""
     backoff_max: float = 4.0
+    """The longest delay between retries."""
     min_attempt: float = 0.2
+    """The shortest request timeout worth an attempt; with less of the window left, the lease is lost."""
 
 
 def renewal_timeout(client_timeout: float, ttl: int) -> float:
