@@ -8,17 +8,38 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast, overload
 
 from volcano_locks import LeaseFacts
 
 __all__ = ["LeaseInfo", "LockedResult"]
 
 T = TypeVar("T")
+V = TypeVar("V")
 
 LeaseInfo = LeaseFacts
 """What `current_lease()` gives a body: the core's `LeaseFacts` (lock_key, fencing_token, acquired_at,
 expires_at, ttl; `as_dict()` / `public_dict()` for JSON)."""
+
+
+class _FromLease(Generic[V]):
+    """A read-only attribute of a :class:`LockedResult`: the fact of the same name of its lease."""
+
+    def __init__(self, doc: str) -> None:
+        self.__doc__ = doc
+        self._name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+
+    @overload
+    def __get__(self, result: None, owner: type) -> _FromLease[V]: ...
+    @overload
+    def __get__(self, result: LockedResult[Any], owner: type) -> V: ...
+    def __get__(self, result: LockedResult[Any] | None, owner: type) -> _FromLease[V] | V:
+        if result is None:
+            return self
+        return cast(V, getattr(result.lease, self._name))
 
 
 @dataclass(frozen=True)
@@ -36,22 +57,7 @@ class LockedResult(Generic[T]):
     value: T
     lease: LeaseFacts
 
-    @property
-    def lock_key(self) -> str:
-        """The lock key, after templating."""
-        return self.lease.lock_key
-
-    @property
-    def fencing_token(self) -> int:
-        """The fencing token of the lease the body ran under."""
-        return self.lease.fencing_token
-
-    @property
-    def acquired_at(self) -> datetime:
-        """When the lease was acquired (aware UTC)."""
-        return self.lease.acquired_at
-
-    @property
-    def expires_at(self) -> datetime:
-        """The lease's expiry as last renewed before release (aware UTC)."""
-        return self.lease.expires_at
+    lock_key = _FromLease[str]("The lock key, after templating.")
+    fencing_token = _FromLease[int]("The fencing token of the lease the body ran under.")
+    acquired_at = _FromLease[datetime]("When the lease was acquired (aware UTC).")
+    expires_at = _FromLease[datetime]("The lease's expiry as last renewed before release (aware UTC).")

@@ -27,27 +27,28 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from datetime import UTC, datetime
+from functools import partial
 from types import TracebackType
-from typing import TypeVar, cast
+from typing import Any, Generic, Self, TypedDict, TypeVar, Unpack, cast
 
 import httpx
 
 from volcano_locks import protocol
 from volcano_locks.clock import lease_clock
 from volcano_locks.config import ClientConfig, resolve_config
-from volcano_locks.errors import (
-    OwnershipLost,
-    ProtocolError,
-    RateLimited,
-    TransportError,
-    translate_transport_errors,
-)
+from volcano_locks.errors import OwnershipLost, ProtocolError, RateLimited, TransportError
 from volcano_locks.governor import Governor
 from volcano_locks.guard import AsyncLockContext, LockContext, OnContention
 from volcano_locks.models import LockLease, LockState
 from volcano_locks.orphans import AsyncReaper, Attempt, Orphan, SyncReaper, stand_in
 from volcano_locks.protocol import Call, Flow, Reply
-from volcano_locks.transport import DeadlineTransport, deadline, env_proxy, lane_for
+from volcano_locks.transport import (
+    DeadlineTransport,
+    deadline,
+    env_proxy,
+    lane_for,
+    translate_transport_errors,
+)
 from volcano_locks.waiting import OnWaiting, WaitPolicy, async_wait_acquire, wait_acquire, wake
 
 __all__ = ["MAX_RESPONSE_BYTES", "AsyncVolcanoLocks", "VolcanoLocks"]
@@ -55,6 +56,8 @@ __all__ = ["MAX_RESPONSE_BYTES", "AsyncVolcanoLocks", "VolcanoLocks"]
 logger = logging.getLogger("volcano_locks.client")
 
 T = TypeVar("T")
+_TransportT = TypeVar("_TransportT", httpx.BaseTransport, httpx.AsyncBaseTransport)
+_ContextT = TypeVar("_ContextT", LockContext, AsyncLockContext)
 _USER_AGENT = "volcano-locks/0.1"
 MAX_RESPONSE_BYTES = 64 * 1024
 """The largest response body a client reads; the contract's bodies are a few dozen bytes."""
@@ -71,18 +74,96 @@ def _take(body: bytearray, chunk: bytes, call: Call, status: int) -> None:
         )
 
 
-class _Base:
-    """State and pure helpers shared by both shells (no I/O here)."""
+class Closing:
+    """``with`` for what has a ``close()``: the block's end closes it (the sync client, the SDK's)."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class AsyncClosing:
+    """``async with`` for what has an ``aclose()`` (the async client, the SDK's)."""
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        raise NotImplementedError
+
+
+class _WaitOptions(TypedDict, total=False):
+    """The keyword arguments of both clients' ``wait_acquire`` (see :meth:`VolcanoLocks.wait_acquire`)."""
+
+    timeout: float | None
+    token: str | None
+    poll: float
+    on_waiting: OnWaiting | None
+    policy: WaitPolicy | None
+
+
+class _Run(Generic[T]):
+    """One protocol flow being driven: the next call to send (``None`` once done), then the result.
+
+    The decisions both shells make about a flow live here: each call's timeout override, marking an
+    acquisition as sent, and handing the flow its reply or the transport failure.
+    """
+
+    def __init__(self, flow: Flow[T], attempt: Attempt | None, timeout: float | None) -> None:
+        self._flow = flow
+        self._attempt = attempt
+        self._timeout = timeout
+        self.call: Call | None = None
+        self.result: T | None = None
+        self._resume(partial(next, flow))
+
+    def answer(self, reply: Reply | TransportError) -> None:
+        """Hand the flow what the last call got: its reply, or the failure that left it without one."""
+        flow = self._flow
+        self._resume(
+            partial(flow.throw, reply) if isinstance(reply, TransportError) else partial(flow.send, reply)
+        )
+
+    def _resume(self, step: Callable[[], Call]) -> None:
+        try:
+            call = step()
+        except StopIteration as stop:
+            self.call, self.result = None, cast(T, stop.value)
+            return
+        if self._timeout is not None:
+            call = replace(call, timeout=self._timeout)
+        if self._attempt is not None:
+            self._attempt.sent = True
+        self.call = call
+
+
+class _Base(Generic[_TransportT, _ContextT]):
+    """State, pure helpers and the constructor shared by both shells (no I/O here)."""
 
     _reaper: SyncReaper | AsyncReaper  # releases acquisitions whose callers gave up (each shell's own)
+    _context_type: type[_ContextT]  # what with_lock returns
 
     def __init__(
         self,
-        api_url: str | None,
-        anon_key: str | None,
-        service_key: str | None,
-        timeout: float,
-        wait_budget: int | None,
+        api_url: str | None = None,
+        anon_key: str | None = None,
+        service_key: str | None = None,
+        *,
+        timeout: float = 10.0,
+        transport: _TransportT | None = None,
+        wait_budget: int | None = None,
     ) -> None:
         self._config: ClientConfig = resolve_config(api_url, anon_key, service_key, timeout)
         self._secrets = tuple(s for s in (self._config.service_key, self._config.anon_key) if s)
@@ -92,6 +173,14 @@ class _Base:
             self._config.api_url, self._config.credential_id, wait_budget
         )
         self._closed = False
+        self._open(transport)
+
+    def _open(self, transport: _TransportT | None) -> None:
+        """Open both lanes on ``transport`` and start the reaper (each shell its own kind)."""
+        raise NotImplementedError
+
+    def _lane_options(self) -> dict[str, Any]:
+        return {"base_url": self._config.api_url, "headers": self._headers(), "timeout": self._config.timeout}
 
     @property
     def api_url(self) -> str:
@@ -124,7 +213,10 @@ class _Base:
     def _deadline(self, call: Call) -> float:
         return self._config.timeout if call.timeout is None else call.timeout
 
-    def _count(self, call: Call) -> tuple[float, datetime]:
+    def _count(self, call: Call) -> tuple[float, datetime] | TransportError:
+        """Count ``call`` as sent (the time it left), or the error of a client already closed."""
+        if self._closed:
+            return TransportError(f"{call.op}: the client is closed", request_id=call.request_id)
         with self._sent_lock:
             self._sent += 1
         self._governor.note_sent(call.op)
@@ -146,9 +238,6 @@ class _Base:
         # The lock is free now: this process's waiters on it need not wait for their next look.
         wake(key, api_url=self._config.api_url, credential_id=self._config.credential_id)
 
-    def _closed_error(self, call: Call) -> TransportError:
-        return TransportError(f"{call.op}: the client is closed", request_id=call.request_id)
-
     @contextmanager
     def _acquisition(self, key: str, token: str | None, request_id: str | None) -> Iterator[Attempt]:
         """One acquisition's token and request id; if it ends uncertain, hand it to the clean-up."""
@@ -165,6 +254,15 @@ class _Base:
             key, ttl, token=attempt.token, request_id=attempt.request_id, secrets=self._secrets
         )
 
+    def _renew_within_flow(self, lease: LockLease, timeout: float) -> Flow[LockLease]:
+        # A fresh request id, the lease's own TTL.
+        return protocol.renew_flow(
+            lease.key, lease, None, request_id=None, timeout=timeout, secrets=self._secrets
+        )
+
+    def _orphan_flow(self, orphan: Orphan) -> Flow[None]:
+        return protocol.release_flow(orphan.key, stand_in(orphan), request_id=None, secrets=self._secrets)
+
     def abandon(self, key: str, token: str, request_id: str) -> None:
         """Give up an acquisition of ``key`` whose outcome is unknown: release ``token``'s lease if it lands.
 
@@ -180,11 +278,71 @@ class _Base:
             request_id=call.request_id,
         )
 
+    def with_lock(
+        self,
+        key: str,
+        ttl: int,
+        *,
+        token: str | None = None,
+        request_id: str | None = None,
+        on_contention: OnContention = "raise",
+        wait_timeout: float | None = None,
+        interrupt: bool = False,
+        on_loss: Callable[[OwnershipLost], object] | None = None,
+        on_waiting: OnWaiting | None = None,
+        wait_policy: WaitPolicy | None = None,
+    ) -> _ContextT:
+        """Hold ``key`` for a ``with`` block (``async with``: the async client), renewing in the background.
+
+        The sync client's context yields a :class:`LockGuard` and renews on a named daemon thread; the
+        async client's yields an :class:`AsyncLockGuard` and renews in a task named
+        ``volcano-lock-keeper:<key>``.
+
+        Args:
+            key: The lock key.
+            ttl: Lease TTL in seconds; renewed about every ``ttl / 3``.
+            token: Ownership token (UUID) for the acquisition; generated when ``None``.
+            request_id: Request id (UUID) for the acquisition only; renewals and release use fresh ones.
+            on_contention: ``"raise"`` (``LockContention``), ``"wait"`` (``wait_acquire`` up to
+                ``wait_timeout``, then ``WaitTimeout``) or ``"skip"`` (``guard.acquired`` is ``False``).
+            wait_timeout: Bound for ``on_contention="wait"`` (``None``: no bound).
+            interrupt: Sync: raise ``OwnershipLost`` in the thread running the block when loss is
+                detected (between bytecodes: a blocking C call finishes first). Async: the block is
+                always cancelled on loss, whatever ``interrupt`` says.
+            on_loss: Called once, from the keeper thread or task, with the ``OwnershipLost``.
+            on_waiting: With ``on_contention="wait"``: called with the last holder seen and the seconds
+                waited when the wait starts and about every minute after (e.g. to log it).
+            wait_policy: With ``on_contention="wait"``: the backoff of the looks (e.g. slower where
+                releases are announced some other way).
+
+        On exit the keeper is stopped and the latest lease released. The block's exception wins; else
+        a renewal failure is raised after cleanup; else a release failure. A fresh lease with no safe
+        renewal window left is renewed before the block is entered, or released with ``OwnershipLost``
+        (code ``no_safe_window``) and the block is not entered. In the async form, loss cancels the
+        task running the block and ``OwnershipLost`` (not ``CancelledError``) leaves the ``async
+        with``; a cancellation from elsewhere still propagates as ``CancelledError`` after the lease is
+        released.
+        """
+        context: Callable[..., _ContextT] = self._context_type
+        return context(
+            self,
+            key,
+            ttl,
+            token=token,
+            request_id=request_id,
+            on_contention=on_contention,
+            wait_timeout=wait_timeout,
+            interrupt=interrupt,
+            on_loss=on_loss,
+            on_waiting=on_waiting,
+            wait_policy=wait_policy,
+        )
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(api_url={self._config.api_url!r})"
 
 
-class VolcanoLocks(_Base):
+class VolcanoLocks(Closing, _Base[httpx.BaseTransport, LockContext]):
     """Synchronous Volcano project locks client.
 
     Args:
@@ -209,39 +367,14 @@ class VolcanoLocks(_Base):
     """
 
     _reaper: SyncReaper
+    _context_type = LockContext
 
-    def __init__(
-        self,
-        api_url: str | None = None,
-        anon_key: str | None = None,
-        service_key: str | None = None,
-        *,
-        timeout: float = 10.0,
-        transport: httpx.BaseTransport | None = None,
-        wait_budget: int | None = None,
-    ) -> None:
-        super().__init__(api_url, anon_key, service_key, timeout, wait_budget)
-        self._keeping = self._lane(transport)
-        self._other = self._lane(transport)
-        self._reaper = SyncReaper(self._release_orphan, self._config.timeout)
-
-    def _lane(self, transport: httpx.BaseTransport | None) -> httpx.Client:
+    def _open(self, transport: httpx.BaseTransport | None) -> None:
         if transport is None:
             transport = DeadlineTransport(env_proxy(self._config.api_url))
-        return httpx.Client(
-            base_url=self._config.api_url,
-            headers=self._headers(),
-            timeout=self._config.timeout,
-            transport=transport,
-        )
-
-    def __enter__(self) -> VolcanoLocks:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
+        self._keeping = httpx.Client(transport=transport, **self._lane_options())
+        self._other = httpx.Client(transport=transport, **self._lane_options())
+        self._reaper = SyncReaper(self._release_orphan, self._config.timeout)
 
     def close(self) -> None:
         """Release abandoned acquisitions once more (bounded), then close both connection pools."""
@@ -272,33 +405,24 @@ class VolcanoLocks(_Base):
                 # Every wait of the request was cut at its deadline; httpcore closed the connection.
                 raise self._timed_out(call) from None
 
-    def _send(self, call: Call) -> Reply:
-        if self._closed:
-            raise self._closed_error(call)
+    def _send(self, call: Call) -> Reply | TransportError:
         sent = self._count(call)
-        status, headers, body = self._exchange(call)
+        if isinstance(sent, TransportError):
+            return sent
+        try:
+            status, headers, body = self._exchange(call)
+        except TransportError as exc:
+            return exc
         return self._reply(call, status, headers, body, sent)
 
     def _drive(self, flow: Flow[T], attempt: Attempt | None = None, timeout: float | None = None) -> T:
-        try:
-            call = next(flow)
-            while True:
-                if timeout is not None:
-                    call = replace(call, timeout=timeout)
-                if attempt is not None:
-                    attempt.sent = True
-                try:
-                    reply = self._send(call)
-                except TransportError as exc:
-                    call = flow.throw(exc)
-                else:
-                    call = flow.send(reply)
-        except StopIteration as stop:
-            return cast(T, stop.value)
+        run = _Run(flow, attempt, timeout)
+        while run.call is not None:
+            run.answer(self._send(run.call))
+        return cast(T, run.result)
 
     def _release_orphan(self, orphan: Orphan, timeout: float | None) -> None:
-        flow = protocol.release_flow(orphan.key, stand_in(orphan), request_id=None, secrets=self._secrets)
-        self._drive(flow, timeout=timeout)
+        self._drive(self._orphan_flow(orphan), timeout=timeout)
 
     def acquire(
         self, key: str, ttl: int, *, token: str | None = None, request_id: str | None = None
@@ -329,11 +453,7 @@ class VolcanoLocks(_Base):
 
         This is the lease keeper's call: the timeout is what is left of its safe renewal window.
         """
-        return self._drive(
-            protocol.renew_flow(
-                lease.key, lease, None, request_id=None, timeout=timeout, secrets=self._secrets
-            )
-        )
+        return self._drive(self._renew_within_flow(lease, timeout))
 
     def release(self, key: str, lease: LockLease, *, request_id: str | None = None) -> None:
         """Release ``lease``; succeeds when the lock is already gone."""
@@ -348,84 +468,28 @@ class VolcanoLocks(_Base):
         """Drop whatever lease holds ``key``; safe only where the protected resource checks fencing tokens."""
         self._drive(protocol.force_release_flow(key, request_id=request_id, secrets=self._secrets))
 
-    def wait_acquire(
-        self,
-        key: str,
-        ttl: int,
-        *,
-        timeout: float | None = None,
-        token: str | None = None,
-        poll: float = 1.0,
-        on_waiting: OnWaiting | None = None,
-        policy: WaitPolicy | None = None,
-    ) -> LockLease:
+    def wait_acquire(self, key: str, ttl: int, **options: Unpack[_WaitOptions]) -> LockLease:
         """Acquire ``key``, waiting out contention for up to ``timeout`` seconds (``None``: no bound).
 
         The wait is governed (see :mod:`volcano_locks.waiting`): looks back off from ``poll`` seconds,
         share one poll per key in this process and draw from the process's waiting budget.
-        ``on_waiting(holder, waited)`` is called when the wait starts and about every minute after;
-        ``policy`` sets the backoff (:class:`~volcano_locks.waiting.WaitPolicy`).
+
+        Args:
+            key: The lock key.
+            ttl: The lease TTL in seconds.
+            **options: ``timeout`` (seconds, default ``None``: no bound; ``0``: one attempt), ``token``
+                (the ownership token of every attempt; generated when ``None``), ``poll`` (seconds
+                before the first look, default 1.0), ``on_waiting(holder, waited)`` (called when the
+                wait starts and about every minute after) and ``policy`` (the backoff,
+                :class:`~volcano_locks.waiting.WaitPolicy`), all keyword-only.
 
         Raises:
             WaitTimeout: Still held when ``timeout`` ran out (``.holder`` is the last state seen).
         """
-        return wait_acquire(
-            self, key, ttl, timeout=timeout, token=token, poll=poll, on_waiting=on_waiting, policy=policy
-        )
-
-    def with_lock(
-        self,
-        key: str,
-        ttl: int,
-        *,
-        token: str | None = None,
-        request_id: str | None = None,
-        on_contention: OnContention = "raise",
-        wait_timeout: float | None = None,
-        interrupt: bool = False,
-        on_loss: Callable[[OwnershipLost], object] | None = None,
-        on_waiting: OnWaiting | None = None,
-        wait_policy: WaitPolicy | None = None,
-    ) -> LockContext:
-        """Hold ``key`` for a ``with`` block, renewing in the background; yields a :class:`LockGuard`.
-
-        Args:
-            key: The lock key.
-            ttl: Lease TTL in seconds; renewed about every ``ttl / 3``.
-            token: Ownership token (UUID) for the acquisition; generated when ``None``.
-            request_id: Request id (UUID) for the acquisition only; renewals and release use fresh ones.
-            on_contention: ``"raise"`` (``LockContention``), ``"wait"`` (``wait_acquire`` up to
-                ``wait_timeout``, then ``WaitTimeout``) or ``"skip"`` (``guard.acquired`` is ``False``).
-            wait_timeout: Bound for ``on_contention="wait"`` (``None``: no bound).
-            interrupt: Raise ``OwnershipLost`` in the thread running the block when loss is detected
-                (between bytecodes: a blocking C call finishes first).
-            on_loss: Called once, from the keeper thread, with the ``OwnershipLost``.
-            on_waiting: With ``on_contention="wait"``: called with the last holder seen and the seconds
-                waited when the wait starts and about every minute after (e.g. to log it).
-            wait_policy: With ``on_contention="wait"``: the backoff of the looks (e.g. slower where
-                releases are announced some other way).
-
-        On exit the keeper is stopped and the latest lease released. The block's exception wins; else
-        a renewal failure is raised after cleanup; else a release failure. A fresh lease with no safe
-        renewal window left is renewed before the block is entered, or released with ``OwnershipLost``
-        (code ``no_safe_window``) and the block is not entered.
-        """
-        return LockContext(
-            self,
-            key,
-            ttl,
-            token=token,
-            request_id=request_id,
-            on_contention=on_contention,
-            wait_timeout=wait_timeout,
-            interrupt=interrupt,
-            on_loss=on_loss,
-            on_waiting=on_waiting,
-            wait_policy=wait_policy,
-        )
+        return wait_acquire(self, key, ttl, **options)
 
 
-class AsyncVolcanoLocks(_Base):
+class AsyncVolcanoLocks(AsyncClosing, _Base[httpx.AsyncBaseTransport, AsyncLockContext]):
     """Asynchronous Volcano project locks client; same arguments and method names as :class:`VolcanoLocks`.
 
     Example:
@@ -435,37 +499,12 @@ class AsyncVolcanoLocks(_Base):
     """
 
     _reaper: AsyncReaper
+    _context_type = AsyncLockContext
 
-    def __init__(
-        self,
-        api_url: str | None = None,
-        anon_key: str | None = None,
-        service_key: str | None = None,
-        *,
-        timeout: float = 10.0,
-        transport: httpx.AsyncBaseTransport | None = None,
-        wait_budget: int | None = None,
-    ) -> None:
-        super().__init__(api_url, anon_key, service_key, timeout, wait_budget)
-        self._keeping = self._lane(transport)
-        self._other = self._lane(transport)
+    def _open(self, transport: httpx.AsyncBaseTransport | None) -> None:
+        self._keeping = httpx.AsyncClient(transport=transport, **self._lane_options())
+        self._other = httpx.AsyncClient(transport=transport, **self._lane_options())
         self._reaper = AsyncReaper(self._release_orphan, self._config.timeout)
-
-    def _lane(self, transport: httpx.AsyncBaseTransport | None) -> httpx.AsyncClient:
-        return httpx.AsyncClient(
-            base_url=self._config.api_url,
-            headers=self._headers(),
-            timeout=self._config.timeout,
-            transport=transport,
-        )
-
-    async def __aenter__(self) -> AsyncVolcanoLocks:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
 
     async def aclose(self) -> None:
         """Release abandoned acquisitions once more (bounded), then close both connection pools."""
@@ -476,48 +515,37 @@ class AsyncVolcanoLocks(_Base):
 
     async def _exchange(self, call: Call) -> tuple[int, httpx.Headers, bytes]:
         http = self._keeping if lane_for(call.op) == "keeping" else self._other
-        timeout = self._deadline(call)
         body = bytearray()
         with translate_transport_errors(call.op, call.request_id):
             async with http.stream(
-                call.method, call.path, headers=call.headers, content=call.body, timeout=timeout
+                call.method, call.path, headers=call.headers, content=call.body, timeout=self._deadline(call)
             ) as r:
                 async for chunk in r.aiter_bytes():
                     _take(body, chunk, call, r.status_code)
                 return r.status_code, r.headers, bytes(body)
 
-    async def _send(self, call: Call) -> Reply:
-        if self._closed:
-            raise self._closed_error(call)
+    async def _send(self, call: Call) -> Reply | TransportError:
         sent = self._count(call)
+        if isinstance(sent, TransportError):
+            return sent
         try:
             # On the deadline (or any cancellation) httpcore closes the request's connection.
             async with asyncio.timeout(self._deadline(call)):
                 status, headers, body = await self._exchange(call)
         except TimeoutError:
-            raise self._timed_out(call) from None
+            return self._timed_out(call)
+        except TransportError as exc:
+            return exc
         return self._reply(call, status, headers, body, sent)
 
     async def _drive(self, flow: Flow[T], attempt: Attempt | None = None, timeout: float | None = None) -> T:
-        try:
-            call = next(flow)
-            while True:
-                if timeout is not None:
-                    call = replace(call, timeout=timeout)
-                if attempt is not None:
-                    attempt.sent = True
-                try:
-                    reply = await self._send(call)
-                except TransportError as exc:
-                    call = flow.throw(exc)
-                else:
-                    call = flow.send(reply)
-        except StopIteration as stop:
-            return cast(T, stop.value)
+        run = _Run(flow, attempt, timeout)
+        while run.call is not None:
+            run.answer(await self._send(run.call))
+        return cast(T, run.result)
 
     async def _release_orphan(self, orphan: Orphan, timeout: float | None) -> None:
-        flow = protocol.release_flow(orphan.key, stand_in(orphan), request_id=None, secrets=self._secrets)
-        await self._drive(flow, timeout=timeout)
+        await self._drive(self._orphan_flow(orphan), timeout=timeout)
 
     async def acquire(
         self, key: str, ttl: int, *, token: str | None = None, request_id: str | None = None
@@ -539,15 +567,8 @@ class AsyncVolcanoLocks(_Base):
         )
 
     async def renew_within(self, lease: LockLease, timeout: float) -> LockLease:
-        """Renew ``lease`` to its TTL with a fresh request id and a request that must finish in ``timeout``.
-
-        This is the lease keeper's call: the timeout is what is left of its safe renewal window.
-        """
-        return await self._drive(
-            protocol.renew_flow(
-                lease.key, lease, None, request_id=None, timeout=timeout, secrets=self._secrets
-            )
-        )
+        """Renew ``lease`` to its TTL within ``timeout`` seconds (the keeper's call; see the sync client)."""
+        return await self._drive(self._renew_within_flow(lease, timeout))
 
     async def release(self, key: str, lease: LockLease, *, request_id: str | None = None) -> None:
         """Release ``lease``; succeeds when the lock is already gone."""
@@ -562,53 +583,6 @@ class AsyncVolcanoLocks(_Base):
         """Drop whatever lease holds ``key``; safe only where the protected resource checks fencing tokens."""
         await self._drive(protocol.force_release_flow(key, request_id=request_id, secrets=self._secrets))
 
-    async def wait_acquire(
-        self,
-        key: str,
-        ttl: int,
-        *,
-        timeout: float | None = None,
-        token: str | None = None,
-        poll: float = 1.0,
-        on_waiting: OnWaiting | None = None,
-        policy: WaitPolicy | None = None,
-    ) -> LockLease:
-        """Acquire ``key``, waiting out contention for up to ``timeout`` seconds (``None``: no bound)."""
-        return await async_wait_acquire(
-            self, key, ttl, timeout=timeout, token=token, poll=poll, on_waiting=on_waiting, policy=policy
-        )
-
-    def with_lock(
-        self,
-        key: str,
-        ttl: int,
-        *,
-        token: str | None = None,
-        request_id: str | None = None,
-        on_contention: OnContention = "raise",
-        wait_timeout: float | None = None,
-        interrupt: bool = False,
-        on_loss: Callable[[OwnershipLost], object] | None = None,
-        on_waiting: OnWaiting | None = None,
-        wait_policy: WaitPolicy | None = None,
-    ) -> AsyncLockContext:
-        """Hold ``key`` for an ``async with`` block; yields an :class:`AsyncLockGuard`.
-
-        Same arguments as :meth:`VolcanoLocks.with_lock`. The keeper runs as a task named
-        ``volcano-lock-keeper:<key>``; on loss the task running the block is cancelled and ``OwnershipLost``
-        (not ``CancelledError``) leaves the ``async with``, whatever ``interrupt`` says. A cancellation
-        from elsewhere still propagates as ``CancelledError`` after the lease is released.
-        """
-        return AsyncLockContext(
-            self,
-            key,
-            ttl,
-            token=token,
-            request_id=request_id,
-            on_contention=on_contention,
-            wait_timeout=wait_timeout,
-            interrupt=interrupt,
-            on_loss=on_loss,
-            on_waiting=on_waiting,
-            wait_policy=wait_policy,
-        )
+    async def wait_acquire(self, key: str, ttl: int, **options: Unpack[_WaitOptions]) -> LockLease:
+        """Acquire ``key``, waiting out contention (cancellable); see :meth:`VolcanoLocks.wait_acquire`."""
+        return await async_wait_acquire(self, key, ttl, **options)

@@ -19,19 +19,17 @@
 ``except LockContention:`` means contention and nothing else; ``except ConflictError:`` catches both
 409s, as the Volcano SDK's users know it (an acquisition can meet either: the SDKs report both as
 contention). Messages never contain a service key or an ownership token. httpx exceptions become
-:class:`TransportError` in exactly one place, :func:`translate_transport_errors`. The ``code`` of an
-error is one of :class:`ErrorCode` (the server's own codes, and those the client sets itself); compare
-codes with the constants, never error texts.
+:class:`TransportError` in exactly one place, :func:`volcano_locks.transport.translate_transport_errors`
+(beside the rest of the clients' httpx code, so that this module, and ``import volcano_locks`` for its
+errors and validators, never imports httpx). The ``code`` of an error is one of :class:`ErrorCode`
+(the server's own codes, and those the client sets itself); compare codes with the constants, never
+error texts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from enum import StrEnum
-from typing import TYPE_CHECKING
-
-import httpx
+from typing import TYPE_CHECKING, TypedDict, Unpack
 
 if TYPE_CHECKING:
     from volcano_locks.models import LockState
@@ -50,7 +48,6 @@ __all__ = [
     "Unavailable",
     "VolcanoError",
     "WaitTimeout",
-    "translate_transport_errors",
 ]
 
 
@@ -131,20 +128,20 @@ def _rebuild(cls: type[VolcanoError], message: str, state: dict[str, object]) ->
     return exc
 
 
+class _Details(TypedDict, total=False):
+    """What every error may carry besides its message (``VolcanoError``'s keyword arguments)."""
+
+    status: int | None
+    code: str | None
+    request_id: str | None
+    retry_after: float | None
+
+
 class _HolderKnown(VolcanoError):
     """An error that says what is known of the lock's holder (``holder``, a ``LockState`` or ``None``)."""
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        status: int | None = None,
-        code: str | None = None,
-        request_id: str | None = None,
-        retry_after: float | None = None,
-        holder: LockState | None = None,
-    ) -> None:
-        super().__init__(message, status=status, code=code, request_id=request_id, retry_after=retry_after)
+    def __init__(self, message: str, *, holder: LockState | None = None, **details: Unpack[_Details]) -> None:
+        super().__init__(message, **details)
         self.holder = holder
 
 
@@ -190,18 +187,3 @@ class TransportError(VolcanoError):
 
 class ProtocolError(VolcanoError):
     """A response that breaks the HTTP contract (wrong status, not JSON, missing or mistyped fields)."""
-
-
-@contextmanager
-def translate_transport_errors(op: str, request_id: str) -> Iterator[None]:
-    """Turn httpx's transport exceptions raised inside the block into :class:`TransportError`."""
-    try:
-        yield
-    except httpx.TimeoutException as exc:
-        raise TransportError(f"{op} timed out ({type(exc).__name__})", request_id=request_id) from exc
-    except httpx.TransportError as exc:
-        raise TransportError(f"{op} got no response ({type(exc).__name__})", request_id=request_id) from exc
-    except httpx.StreamError as exc:
-        raise TransportError(
-            f"{op} response stream failed ({type(exc).__name__})", request_id=request_id
-        ) from exc

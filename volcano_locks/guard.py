@@ -23,6 +23,7 @@ from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar, cast
 
+from volcano_locks._steps import Send, advance, async_outcome, outcome
 from volcano_locks.clock import lease_clock
 from volcano_locks.errors import ConflictError, ErrorCode, InvalidRequest, OwnershipLost, VolcanoError
 from volcano_locks.models import LockLease
@@ -67,16 +68,7 @@ if TYPE_CHECKING:
 __all__ = ["AsyncLockContext", "AsyncLockGuard", "LockContext", "LockGuard", "OnContention"]
 
 
-class _KeeperState(Protocol):
-    @property
-    def lease(self) -> LockLease: ...
-    @property
-    def lost(self) -> bool: ...
-    @property
-    def loss(self) -> OwnershipLost | None: ...
-
-
-_KeeperT = TypeVar("_KeeperT", bound=_KeeperState)
+_KeeperT = TypeVar("_KeeperT", bound=LeaseKeeper | AsyncLeaseKeeper)
 
 logger = logging.getLogger("volcano_locks.guard")
 
@@ -133,85 +125,40 @@ class _Options:
     wait_policy: WaitPolicy | None = None
 
 
-@dataclass(frozen=True)
-class _Acquire:
-    """Acquire once (``raise``/``skip``) or wait for it (``wait``); the lease or the error comes back."""
-
-    wait: bool
-
-
-@dataclass(frozen=True)
-class _RenewWithin:
-    """Renew ``lease`` with a request that must finish within ``timeout``; the lease or error comes back."""
-
-    lease: LockLease
-    timeout: float
-
-
-@dataclass(frozen=True)
-class _Release:
-    """Release ``lease`` quietly (a failure is logged, not raised)."""
-
-    lease: LockLease
-
-
-_Step = _Acquire | _RenewWithin | _Release
 _Entered = tuple[LockLease, KeeperTiming] | None
 
 
-def _enter_flow(opts: _Options, client_timeout: float) -> Generator[_Step, object, _Entered]:
+def _enter_flow(opts: _Options, client_timeout: float) -> Generator[Send, object, _Entered]:
     """What entering ``with_lock`` decides, for both shells: acquire, make sure of a safe window.
 
     Returns the lease and the keeper's timing, or ``None`` when contention is skipped.
     """
-    outcome = yield _Acquire(wait=opts.on_contention == "wait")
-    if isinstance(outcome, ConflictError) and opts.on_contention == "skip":  # either 409: contention
+    acquired = yield Send("wait_acquire" if opts.on_contention == "wait" else "acquire")
+    if isinstance(acquired, ConflictError) and opts.on_contention == "skip":  # either 409: contention
         logger.info("lock is held elsewhere; skipping the block (on_contention='skip')")
         return None
-    if isinstance(outcome, BaseException):
-        raise outcome
-    assert isinstance(outcome, LockLease)
-    lease = outcome
+    if isinstance(acquired, BaseException):
+        raise acquired
+    assert isinstance(acquired, LockLease)
+    lease = acquired
     timing = KeeperTiming(request_timeout=renewal_timeout(client_timeout, lease.ttl))
     now = lease_clock()
     if not _no_window(lease, timing, now):
         return lease, timing
     budget = min(timing.request_timeout, lease.local_deadline - timing.margin - now)
     if budget >= timing.min_attempt:
-        renewed = yield _RenewWithin(lease, budget)
+        renewed = yield Send("renew", lease, timeout=budget)
         if isinstance(renewed, BaseException):
-            yield _Release(lease)
+            yield Send("release", lease)
             raise renewed
         assert isinstance(renewed, LockLease)
         lease = renewed
         if not _no_window(lease, timing, lease_clock()):
             return lease, timing
-    yield _Release(lease)
+    yield Send("release", lease)
     raise OwnershipLost(
         "acquired lease has no safe renewal window; block not entered", code=ErrorCode.NO_SAFE_WINDOW
     )
-
-
-def _advance(flow: Generator[_Step, object, _Entered], outcome: object) -> tuple[_Step | None, _Entered]:
-    """Send ``outcome`` into the entry flow: the next step, or ``None`` and what entering returned."""
-    try:
-        return flow.send(outcome), None
-    except StopIteration as stop:
-        return None, stop.value
-
-
-def _outcome(call: Callable[[], object]) -> object:
-    try:
-        return call()
-    except VolcanoError as exc:
-        return exc
-
-
-async def _async_outcome(call: Awaitable[object]) -> object:
-    try:
-        return await call
-    except VolcanoError as exc:
-        return exc
 
 
 def _leaving(
@@ -236,7 +183,7 @@ class _GuardState(Generic[_KeeperT]):
     """What both guards report: the latest lease and whether ownership was lost."""
 
     def __init__(self, keeper: _KeeperT | None) -> None:
-        self._keeper = keeper
+        self._keeper: _KeeperT | None = keeper
 
     @property
     def acquired(self) -> bool:
@@ -327,29 +274,30 @@ class _ContextBase(Generic[_ClientT]):
         self._entered = False
 
     def _call(
-        self, step: _Step, wait: Callable[..., object], release: Callable[[LockLease], object]
+        self, step: Send, wait: Callable[..., object], release: Callable[[LockLease], object]
     ) -> object:
         """The call that performs ``step`` (a coroutine for the async client); not yet made."""
         client: Any = self._client
         o = self._opts
-        if isinstance(step, _Acquire):
-            if step.wait:
-                return wait(
-                    client,
-                    o.key,
-                    o.ttl,
-                    timeout=o.wait_timeout,
-                    token=o.token,
-                    request_id=o.request_id,
-                    on_waiting=o.on_waiting,
-                    policy=o.wait_policy,
-                )
+        if step.op == "wait_acquire":
+            return wait(
+                client,
+                o.key,
+                o.ttl,
+                timeout=o.wait_timeout,
+                token=o.token,
+                request_id=o.request_id,
+                on_waiting=o.on_waiting,
+                policy=o.wait_policy,
+            )
+        if step.op == "acquire":
             return client.acquire(o.key, o.ttl, token=o.token, request_id=o.request_id)
-        if isinstance(step, _RenewWithin):
+        assert step.lease is not None  # the entry flow renews and releases only the lease it holds
+        if step.op == "renew":
             return client.renew_within(step.lease, step.timeout)
         return release(step.lease)
 
-    def _enter_once(self) -> Generator[_Step, object, _Entered]:
+    def _enter_once(self) -> Generator[Send, object, _Entered]:
         if self._entered:
             raise RuntimeError("a with_lock context can be entered only once; call with_lock() again")
         self._entered = True
@@ -374,10 +322,10 @@ class LockContext(_ContextBase["_SyncClient"]):
 
     def __enter__(self) -> LockGuard:
         flow = self._enter_once()
-        step, entered = _advance(flow, None)
+        step, entered = advance(flow, None)
         while step is not None:
             call = partial(self._call, step, wait_acquire, self._release_quietly)
-            step, entered = _advance(flow, _outcome(call))
+            step, entered = advance(flow, outcome(call))
         if entered is None:
             return LockGuard(None)
         lease, timing = entered
@@ -449,10 +397,10 @@ class AsyncLockContext(_ContextBase["_AsyncClient"]):
 
     async def __aenter__(self) -> AsyncLockGuard:
         flow = self._enter_once()
-        step, entered = _advance(flow, None)
+        step, entered = advance(flow, None)
         while step is not None:
             call = cast("Awaitable[object]", self._call(step, async_wait_acquire, self._release_quietly))
-            step, entered = _advance(flow, await _async_outcome(call))
+            step, entered = advance(flow, await async_outcome(call))
         if entered is None:
             return AsyncLockGuard(None)
         lease, timing = entered

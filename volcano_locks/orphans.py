@@ -175,18 +175,17 @@ class _Reaper(Generic[R]):
         self._clock = clock
         self._ledger = Ledger()
         self._closing = False
+        self._open()
+
+    def _open(self) -> None:
+        """Make what this kind of reaper runs on (a condition and a thread slot, or a task slot)."""
+        raise NotImplementedError
 
 
 class SyncReaper(_Reaper[None]):
     """Releases a sync client's orphans on one named daemon thread, started when there is one."""
 
-    def __init__(
-        self,
-        release: Callable[[Orphan, float | None], None],
-        timeout: float,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        super().__init__(release, timeout, clock)
+    def _open(self) -> None:
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
 
@@ -258,13 +257,7 @@ class SyncReaper(_Reaper[None]):
 class AsyncReaper(_Reaper[Awaitable[None]]):
     """Releases an async client's orphans from one task on the loop that gave them up."""
 
-    def __init__(
-        self,
-        release: Callable[[Orphan, float | None], Awaitable[None]],
-        timeout: float,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        super().__init__(release, timeout, clock)
+    def _open(self) -> None:
         self._task: asyncio.Task[None] | None = None
         self._wake: asyncio.Event | None = None
 

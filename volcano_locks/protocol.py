@@ -343,22 +343,10 @@ def error_from_reply(call: Call, reply: Reply, secrets: tuple[str, ...] = ()) ->
     if status == 409:
         cls = OwnershipLost if code == "lock_ownership_lost" else LockContention
         return cls(text, status=status, code=code, request_id=call.request_id, holder=holder)
-    if status == 429:
-        return RateLimited(
-            text,
-            status=status,
-            code=code,
-            request_id=call.request_id,
-            retry_after=_retry_after(reply.headers),
-        )
-    if status == 503:
-        return Unavailable(
-            text,
-            status=status,
-            code=code,
-            request_id=call.request_id,
-            retry_after=_retry_after(reply.headers),
-        )
+    if status in (429, 503):
+        refused = RateLimited if status == 429 else Unavailable
+        retry_after = _retry_after(reply.headers)
+        return refused(text, status=status, code=code, request_id=call.request_id, retry_after=retry_after)
     if 500 <= status < 600:
         return ServerError(text, status=status, code=code, request_id=call.request_id)
     hint = (

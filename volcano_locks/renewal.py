@@ -30,7 +30,9 @@ import random
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Literal
 
+from volcano_locks._steps import Lose, Send, Wait
 from volcano_locks.clock import lease_clock
 from volcano_locks.errors import (
     ErrorCode,
@@ -44,11 +46,11 @@ from volcano_locks.models import LockLease
 
 __all__ = [
     "AsyncLeaseKeeper",
-    "Attempt",
     "KeeperTiming",
     "LeaseKeeper",
     "Lose",
     "RenewalSchedule",
+    "Send",
     "Wait",
     "backoff_delay",
     "renewal_due",
@@ -72,14 +74,20 @@ LOSS_KEEPER_FAILED = ErrorCode.KEEPER_FAILED
 
 @dataclass(frozen=True)
 class KeeperTiming:
-    """Tunables of the keeper; ``request_timeout`` is the renewal request's timeout in seconds."""
+    """Tunables of the keeper, in seconds (``jitter``: a fraction)."""
 
     request_timeout: float
+    """The renewal request's timeout (:func:`renewal_timeout`)."""
     margin: float = 1.0
+    """How early a renewal must reach the server before the local deadline (the contract's 1 s)."""
     jitter: float = 0.1
+    """The spread of the renewal time around a third of the TTL (10 %: either side)."""
     backoff_initial: float = 0.25
+    """The delay before the first retry of a transient failure; it doubles with each."""
     backoff_max: float = 4.0
+    """The longest delay between retries."""
     min_attempt: float = 0.2
+    """The shortest request timeout worth an attempt; with less of the window left, the lease is lost."""
 
 
 def renewal_timeout(client_timeout: float, ttl: int) -> float:
@@ -120,28 +128,6 @@ def backoff_delay(failures: int, timing: KeeperTiming, draw: float) -> float:
 
 def _can_extend(lease: LockLease) -> bool:
     return lease.local_deadline < lease.absolute_deadline
-
-
-@dataclass(frozen=True)
-class Wait:
-    """Do nothing until the monotonic time ``until`` (or until stopped)."""
-
-    until: float
-
-
-@dataclass(frozen=True)
-class Attempt:
-    """Send one renewal with this request ``timeout``; no outcome by ``deadline`` means loss."""
-
-    timeout: float
-    deadline: float
-
-
-@dataclass(frozen=True)
-class Lose:
-    """Ownership is lost; ``loss`` is the first reason."""
-
-    loss: OwnershipLost
 
 
 def _local_loss(message: str, code: str, cause: BaseException | None = None) -> OwnershipLost:
@@ -186,8 +172,8 @@ class RenewalSchedule:
             self._loss = loss
         return self._loss
 
-    def next_action(self, now: float) -> Wait | Attempt | Lose:
-        """What to do at ``now``: wait, send a renewal, or give up."""
+    def next_action(self, now: float) -> Wait | Send | Lose:
+        """What to do at ``now``: wait, send a renewal (``Send("renew", ...)``), or give up."""
         if self._loss is not None:
             return Lose(self._loss)
         lease, timing = self._lease, self._timing
@@ -213,7 +199,7 @@ class RenewalSchedule:
         timeout = min(timing.request_timeout, lease.local_deadline - timing.margin - now)
         if timeout < timing.min_attempt:
             return Lose(self.lose(self._window_exhausted()))
-        return Attempt(timeout=timeout, deadline=lease.local_deadline)
+        return Send("renew", lease, timeout=timeout, deadline=lease.local_deadline)
 
     def _window_exhausted(self) -> OwnershipLost:
         err = self._last_error
@@ -288,6 +274,12 @@ class RenewalSchedule:
         )
 
 
+def _renewal(step: Send) -> tuple[LockLease, float]:
+    """The lease a renewal step renews and its request timeout (the schedule's renewals carry both)."""
+    assert step.lease is not None and step.timeout is not None
+    return step.lease, step.timeout
+
+
 def _event_wait(event: threading.Event, timeout: float) -> bool:
     return event.wait(timeout)
 
@@ -328,6 +320,26 @@ class _KeeperBase:
     def lost(self) -> bool:
         """Whether ownership was lost."""
         return self._reported is not None
+
+    def _next_step(self) -> Wait | Send | None:
+        """The schedule's next step, or ``None`` once stopping or lost (the loss is reported)."""
+        if self._stopping:
+            return None
+        step = self._schedule.next_action(self._clock())
+        if isinstance(step, Lose):
+            self._report(step.loss)
+            return None
+        return step
+
+    def _settle(self, outcome: LockLease | BaseException | Literal["stalled"]) -> None:
+        """Tell the schedule how a renewal ended: a new lease, an error, or no outcome by the deadline."""
+        now = self._clock()
+        if outcome == "stalled":
+            self._schedule.stalled(now)
+        elif isinstance(outcome, LockLease):
+            self._schedule.succeeded(outcome, now)
+        else:
+            self._schedule.failed(outcome, now)
 
     def _report(self, loss: OwnershipLost) -> None:
         with self._loss_lock:
@@ -403,36 +415,26 @@ class LeaseKeeper(_KeeperBase):
             self._report(self._schedule.crashed(exc))
 
     def _loop(self) -> None:
-        schedule = self._schedule
-        while not self._stopping:
-            action = schedule.next_action(self._clock())
-            if isinstance(action, Lose):
-                self._report(action.loss)
-                return
-            if isinstance(action, Wait):
+        while (step := self._next_step()) is not None:
+            if isinstance(step, Wait):
                 self._wake.clear()
-                delay = action.until - self._clock()
+                delay = step.until - self._clock()
                 if delay > 0 and not self._stopping:
                     self._wait(self._wake, delay)
                 continue
-            outcome = self._attempt(action)
+            outcome = self._attempt(step)
             if outcome is None:
                 return
-            now = self._clock()
-            if isinstance(outcome, str):
-                schedule.stalled(now)
-            elif isinstance(outcome, LockLease):
-                schedule.succeeded(outcome, now)
-            else:
-                schedule.failed(outcome, now)
+            self._settle(outcome)
 
-    def _attempt(self, action: Attempt) -> LockLease | BaseException | str | None:
+    def _attempt(self, step: Send) -> LockLease | BaseException | Literal["stalled"] | None:
+        """Renew on a thread of its own; the outcome, ``"stalled"`` at the deadline, ``None`` if stopped."""
         box: list[LockLease | BaseException] = []
-        lease = self._schedule.lease
+        lease, timeout = _renewal(step)
 
         def work() -> None:
             try:
-                box.append(self._renew(lease, action.timeout))
+                box.append(self._renew(lease, timeout))
             except BaseException as exc:
                 box.append(exc)
             finally:
@@ -446,7 +448,7 @@ class LeaseKeeper(_KeeperBase):
                 return box[0]
             if self._stopping:
                 return None
-            remaining = action.deadline - self._clock()
+            remaining = step.deadline - self._clock()
             if remaining <= 0:
                 return "stalled"
             self._wait(self._wake, remaining)
@@ -525,26 +527,23 @@ class AsyncLeaseKeeper(_KeeperBase):
             self._report(self._schedule.crashed(exc))
 
     async def _loop(self) -> None:
-        schedule = self._schedule
-        while not self._stopping:
-            action = schedule.next_action(self._clock())
-            if isinstance(action, Lose):
-                self._report(action.loss)
-                return
-            if isinstance(action, Wait):
-                delay = action.until - self._clock()
+        while (step := self._next_step()) is not None:
+            if isinstance(step, Wait):
+                delay = step.until - self._clock()
                 if delay > 0:
                     await self._sleep(delay)
                 continue
-            lease = schedule.lease
-            try:
-                async with asyncio.timeout(max(0.0, action.deadline - self._clock())):
-                    renewed = await self._renew(lease, action.timeout)
-            except TimeoutError:
-                schedule.stalled(self._clock())
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                schedule.failed(exc, self._clock())
-            else:
-                schedule.succeeded(renewed, self._clock())
+            self._settle(await self._attempt(step))
+
+    async def _attempt(self, step: Send) -> LockLease | BaseException | Literal["stalled"]:
+        """Renew within the step's deadline; the outcome, or ``"stalled"`` when the deadline came first."""
+        lease, timeout = _renewal(step)
+        try:
+            async with asyncio.timeout(max(0.0, step.deadline - self._clock())):
+                return await self._renew(lease, timeout)
+        except TimeoutError:
+            return "stalled"
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            return exc

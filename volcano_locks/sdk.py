@@ -12,15 +12,21 @@ Only locks are offered: the rest of Volcano's platform is not this project's.
 
 from __future__ import annotations
 
-from types import TracebackType
-from typing import Generic, TypeVar
+from typing import Generic, TypedDict, TypeVar, Unpack
 
-from volcano_locks.client import AsyncVolcanoLocks, VolcanoLocks
+from volcano_locks.client import AsyncClosing, AsyncVolcanoLocks, Closing, VolcanoLocks
 
 __all__ = ["AsyncVolcanoClient", "VolcanoClient"]
 
 
 _LocksT = TypeVar("_LocksT", VolcanoLocks, AsyncVolcanoLocks)
+
+
+class _Options(TypedDict, total=False):
+    """The lock client's settings the SDK's constructor passes on, keyword-only (defaults: the client's)."""
+
+    timeout: float
+    wait_budget: int | None
 
 
 class _Front(Generic[_LocksT]):
@@ -33,19 +39,15 @@ class _Front(Generic[_LocksT]):
         anon_key: str | None = None,
         service_key: str | None = None,
         api_url: str | None = None,
-        *,
-        timeout: float = 10.0,
-        wait_budget: int | None = None,
+        **options: Unpack[_Options],
     ) -> None:
-        self.locks: _LocksT = self._locks_type(
-            api_url, anon_key, service_key, timeout=timeout, wait_budget=wait_budget
-        )
+        self.locks: _LocksT = self._locks_type(api_url, anon_key, service_key, **options)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(api_url={self.locks.api_url!r})"
 
 
-class VolcanoClient(_Front[VolcanoLocks]):
+class VolcanoClient(Closing, _Front[VolcanoLocks]):
     """Volcano's SDK entry point, for locks: ``client.locks`` is a :class:`~volcano_locks.VolcanoLocks`.
 
     Args:
@@ -67,16 +69,8 @@ class VolcanoClient(_Front[VolcanoLocks]):
         """Close the lock client's connections."""
         self.locks.close()
 
-    def __enter__(self) -> VolcanoClient:
-        return self
 
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
-
-
-class AsyncVolcanoClient(_Front[AsyncVolcanoLocks]):
+class AsyncVolcanoClient(AsyncClosing, _Front[AsyncVolcanoLocks]):
     """The async twin of :class:`VolcanoClient`: ``client.locks`` is an ``AsyncVolcanoLocks``."""
 
     _locks_type = AsyncVolcanoLocks
@@ -84,11 +78,3 @@ class AsyncVolcanoClient(_Front[AsyncVolcanoLocks]):
     async def aclose(self) -> None:
         """Close the lock client's connections."""
         await self.locks.aclose()
-
-    async def __aenter__(self) -> AsyncVolcanoClient:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()

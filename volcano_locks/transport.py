@@ -29,6 +29,8 @@ from typing import Any
 import httpcore
 import httpx
 
+from volcano_locks.errors import TransportError
+
 __all__ = [
     "KEEPING_OPS",
     "DeadlineBackend",
@@ -36,6 +38,7 @@ __all__ = [
     "deadline",
     "env_proxy",
     "lane_for",
+    "translate_transport_errors",
 ]
 
 KEEPING_OPS = frozenset({"renew", "release"})
@@ -142,3 +145,18 @@ def env_proxy(api_url: str) -> str | None:
     if not url.host or urllib.request.proxy_bypass(url.host):
         return None
     return urllib.request.getproxies().get(url.scheme)
+
+
+@contextmanager
+def translate_transport_errors(op: str, request_id: str) -> Iterator[None]:
+    """Turn httpx's transport exceptions raised inside the block into :class:`TransportError`."""
+    try:
+        yield
+    except httpx.TimeoutException as exc:
+        raise TransportError(f"{op} timed out ({type(exc).__name__})", request_id=request_id) from exc
+    except httpx.TransportError as exc:
+        raise TransportError(f"{op} got no response ({type(exc).__name__})", request_id=request_id) from exc
+    except httpx.StreamError as exc:
+        raise TransportError(
+            f"{op} response stream failed ({type(exc).__name__})", request_id=request_id
+        ) from exc

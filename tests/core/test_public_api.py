@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import inspect
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -62,10 +64,27 @@ lease = client.locks.acquire(
 def test_all_is_sorted_and_complete() -> None:
     public = [
         name
-        for name, value in vars(volcano_locks).items()
-        if not name.startswith("_") and not inspect.ismodule(value)
+        for name in dir(volcano_locks)  # the names loaded on first use too
+        if not name.startswith("_") and not inspect.ismodule(getattr(volcano_locks, name))
     ]
     assert volcano_locks.__all__ == sorted(public)
+    with pytest.raises(AttributeError, match="VolcanoLock'"):
+        volcano_locks.VolcanoLock  # type: ignore[attr-defined]  # noqa: B018
+
+
+def test_importing_the_package_for_its_rules_imports_no_client() -> None:
+    """A DAG file that only validates a key (or builds a lease) pays for neither httpx nor the clients."""
+    code = (
+        "import sys\n"
+        "from volcano_locks import LockLease, validate_key, validate_ttl, validate_wait_timeout\n"
+        "import volcano_locks\n"
+        "validate_key('a'); validate_ttl(30); validate_wait_timeout(None)\n"
+        "assert volcano_locks.LockContention.__name__ == 'LockContention'\n"
+        "print(sorted(m for m in ('httpx', 'httpcore', 'volcano_locks.client') if m in sys.modules))\n"
+        "print(volcano_locks.VolcanoLocks.__module__, 'httpx' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines() == ["[]", "volcano_locks.client True"]
 
 
 @pytest.fixture

@@ -17,11 +17,11 @@ from volcano_locks.errors import AuthError, ErrorCode, OwnershipLost, RateLimite
 from volcano_locks.models import LockLease
 from volcano_locks.renewal import (
     AsyncLeaseKeeper,
-    Attempt,
     KeeperTiming,
     LeaseKeeper,
     Lose,
     RenewalSchedule,
+    Send,
     Wait,
     backoff_delay,
     renewal_due,
@@ -101,8 +101,8 @@ def test_ttl30_with_little_time_left() -> None:
     held = lease(ttl=30, sent=0.0)
     schedule = RenewalSchedule(held, T30, lambda: 0.5)
     # Past the safe window, an attempt still fits, with its timeout cut to land 1 s before the deadline.
-    assert schedule.next_action(25.0) == Attempt(timeout=pytest.approx(4.0), deadline=30.0)
-    assert schedule.next_action(28.5) == Attempt(timeout=pytest.approx(0.5), deadline=30.0)
+    assert schedule.next_action(25.0) == Send("renew", held, timeout=pytest.approx(4.0), deadline=30.0)
+    assert schedule.next_action(28.5) == Send("renew", held, timeout=pytest.approx(0.5), deadline=30.0)
     lost = schedule.next_action(28.9)
     assert isinstance(lost, Lose) and lost.loss.code == ErrorCode.RENEWAL_WINDOW_EXHAUSTED
 
@@ -131,17 +131,7 @@ def test_ninety_day_clamp() -> None:
 
 
 def test_ninety_day_clamp_after_renewals() -> None:
-    clock = FakeClock()
-    renew, calls = renewer(clock, [])
-    keeper = LeaseKeeper(
-        lease(ttl=30, sent=0.0, absolute=35.0),
-        renew,
-        timing=T30,
-        clock=clock,
-        wait=clock.wait,
-        spawn=inline,
-        rng=lambda: 0.5,
-    )
+    keeper, clock, calls = make_keeper([], absolute=35.0)
     keeper.run()
     assert [round(at, 3) for at, _ in calls] == [10.0]  # the renewal that reached the deadline was the last
     assert keeper.lease.local_deadline == 35.0
@@ -170,12 +160,13 @@ def make_keeper(
     latency: float = 0.1,
     on_loss: Callable[..., object] | None = None,
     clock: FakeClock | None = None,
+    absolute: float | None = None,
 ) -> tuple[LeaseKeeper, FakeClock, list[tuple[float, float]]]:
     clock = clock or FakeClock()
     renew, calls = renewer(clock, script, latency=latency)
     timing = KeeperTiming(request_timeout=renewal_timeout(10.0, ttl))
     keeper = LeaseKeeper(
-        lease(ttl=ttl, sent=clock.now),
+        lease(ttl=ttl, sent=clock.now, absolute=absolute),
         renew,
         timing=timing,
         clock=clock,
@@ -425,6 +416,7 @@ def test_schedule_invariants(
             now = action.until
             continue
         held = schedule.lease
+        assert action.op == "renew" and action.lease is held and action.timeout is not None
         assert action.timeout >= timing.min_attempt
         assert now + action.timeout <= held.local_deadline - timing.margin + 1e-9
         took = latency * action.timeout
