@@ -86,6 +86,7 @@ class Closing:
         self.close()
 
     def close(self) -> None:
+        """Close what this holds (each closeable says what)."""
         raise NotImplementedError
 
 
@@ -101,6 +102,7 @@ class AsyncClosing:
         await self.aclose()
 
     async def aclose(self) -> None:
+        """Close what this holds (each closeable says what)."""
         raise NotImplementedError
 
 
