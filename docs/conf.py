@@ -24,7 +24,7 @@ from volcano_locks import __version__  # noqa: E402
 
 project = "volcano-locks"
 author = "the volcano-locks developers"
-copyright = "2026, the volcano-locks developers"  # noqa: A001
+copyright = "2026, the volcano-locks developers"
 version = release = __version__
 
 extensions = ["myst_parser", "sphinxcontrib.mermaid", "links"]
@@ -46,4 +46,7 @@ suppress_warnings: list[str] = []
 html_theme = "alabaster"
 html_title = f"volcano-locks {release}"
 html_static_path: list[str] = []
-html_theme_options = {"description": "Volcano project locks for Airflow 3 and Prefect 3", "fixed_sidebar": True}
+html_theme_options = {
+    "description": "Volcano project locks for Airflow 3 and Prefect 3",
+    "fixed_sidebar": True,
+}

@@ -6,7 +6,7 @@ Example:
     ...     write_rollup(fencing_token=guard.fencing_token)
 """
 
-from volcano_locks.__about__ import __version__
+from volcano_locks.__about__ import __version__ as __version__
 from volcano_locks.client import AsyncVolcanoLocks, VolcanoLocks
 from volcano_locks.errors import (
     AuthError,

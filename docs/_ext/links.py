@@ -26,7 +26,9 @@ def problem(uri: str) -> str | None:
     """Why ``uri`` is not a well-formed external link, or None when it is (or is not external)."""
     parts = urlsplit(uri)
     if parts.scheme == "mailto":
-        return None if re.fullmatch(r"[^@\s]+@[^@\s]+\.[a-z]{2,}", parts.path) else "a malformed mailto address"
+        return (
+            None if re.fullmatch(r"[^@\s]+@[^@\s]+\.[a-z]{2,}", parts.path) else "a malformed mailto address"
+        )
     if parts.scheme not in ("http", "https"):
         return None if not parts.scheme else f"an unexpected scheme {parts.scheme!r}"
     if re.search(r"[\s<>{}\"\\]", uri):
