@@ -85,7 +85,7 @@ lint: envs
 # errors, every reference must resolve (-n), and external links are checked for form only (no internet).
 docs: $(PREFECT_ENV)/.synced
 	$(PREFECT_ENV)/bin/sphinx-build -E -W --keep-going -n -q -b html -c docs -d $(DOCS_OUT)/../doctrees . $(DOCS_OUT)
-	@echo ">> docs built: $(DOCS_OUT)/docs/index.html"
+	@echo ">> docs built: $(DOCS_OUT)/index.html"
 
 # What a user installs with plain pip (README, "Installing"): the sdist, the wheel built from it (so the sdist
 # is known to build), and one pip constraints file per orchestrator extra with the versions uv.lock pins and

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "_ext"))
@@ -50,3 +51,17 @@ html_theme_options = {
     "description": "Volcano project locks for Airflow 3 and Prefect 3",
     "fixed_sidebar": True,
 }
+
+
+def _root_redirect(app: Any, error: BaseException | None) -> None:
+    """The site's pages keep their repository paths, so the root index.html points at docs/index.html."""
+    if error is None and app.builder.format == "html":
+        target = f"{root_doc}.html"
+        refresh = f'<meta http-equiv="refresh" content="0; url={target}">'
+        page = f'<!doctype html>{refresh}<a href="{target}">docs</a>\n'
+        (Path(app.outdir) / "index.html").write_text(page, encoding="utf-8")
+
+
+def setup(app: Any) -> None:
+    """Hooks of this site: the root redirect."""
+    app.connect("build-finished", _root_redirect)
