@@ -9,9 +9,11 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from readme_blocks import REPO
+import pytest
+from readme_blocks import REPO, python_block
 
-from volcano_locks import LeaseFacts
+from volcano_locks import LeaseFacts, VolcanoLocks
+from volcano_locks.server import LocalServer
 
 PROVIDER_DOCS = REPO / "providers" / "volcano" / "docs"
 
@@ -24,3 +26,14 @@ def test_the_operator_page_and_the_airflow_guide_list_every_lease_fact() -> None
         listed = re.search(r"volcano_lease\):\s*#\s*([\w, ]+)", text)
         assert listed, f"{page.name}: no callable comment listing the lease's facts"
         assert [f.strip() for f in listed.group(1).split(",")] == facts, page.name
+
+
+def test_the_first_lock_of_getting_started_runs_against_the_local_server(
+    readme_server: LocalServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    page = REPO / "docs" / "getting-started.md"
+    exec(compile(python_block("VolcanoLocks()", page), str(page), "exec"), {})
+    printed = capsys.readouterr().out
+    assert re.fullmatch(r"holding daily-report with fencing token \d+\n", printed), printed
+    with VolcanoLocks() as client:
+        assert not client.get("daily-report").held

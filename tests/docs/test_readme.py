@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import re
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from cli_runner import CLI, cli_env
 from readme_blocks import README, REPO, blocks, python_block, shell_commands
 
@@ -109,15 +107,6 @@ def test_every_readme_python_block_is_executed_by_a_test() -> None:
         calls = {f"python_block({owners[0]!r})", f'python_block("{owners[0]}")'}
         assert any(call in runner for call in calls), f"{PYTHON_BLOCKS[owners[0]]} does not run it"
     assert {b.lang for b in blocks()} <= {"bash", "python"}
-
-
-@pytest.fixture
-def readme_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalServer]:
-    """A server of its own (the README uses the fixed key daily-report) and the VOLCANO_* variables."""
-    with LocalServer(db=str(tmp_path / "readme.sqlite3")) as srv:
-        for name, value in srv.env().items():
-            monkeypatch.setenv(name, value)
-        yield srv
 
 
 def test_the_readme_core_example_holds_the_lock_and_hands_its_fencing_token_over(
