@@ -9,8 +9,9 @@ AIRFLOW_ENV := .venv-airflow
 PREFECT_ENV := .venv-prefect
 PYTEST_ARGS ?=
 DIST_DIR ?= dist
+DOCS_OUT ?= .docs/html
 
-.PHONY: help envs test test-prefect test-airflow demo bench chaos lint dist clean
+.PHONY: help envs test test-prefect test-airflow demo bench chaos lint docs dist clean
 
 help:
 	@echo "make demo   - start the local Volcano-compatible server and run the example DAGs and flows against it"
@@ -18,6 +19,7 @@ help:
 	@echo "make bench  - run every benchmark under bench/ and print their tables"
 	@echo "make chaos  - the chaos suite (CHAOS_SECONDS=600 for a long run)"
 	@echo "make lint   - ruff and mypy"
+	@echo "make docs   - build the docs site into $(DOCS_OUT) (warnings are errors, internal links resolved)"
 	@echo "make dist   - build the wheel and sdist into dist/, with pip constraints for each extra"
 
 $(UV):
@@ -33,7 +35,8 @@ $(AIRFLOW_ENV)/.synced: pyproject.toml uv.lock | $(UV)
 
 $(PREFECT_ENV)/.synced: pyproject.toml uv.lock | $(UV)
 	@echo ">> building the Prefect environment ($(PREFECT_ENV)) from uv.lock; the first time takes a minute or two"
-	UV_PROJECT_ENVIRONMENT=$(PREFECT_ENV) $(UV) sync --frozen --extra prefect --extra fencing-sql --extra fencing-s3
+	UV_PROJECT_ENVIRONMENT=$(PREFECT_ENV) $(UV) sync --frozen --extra prefect --extra fencing-sql --extra fencing-s3 \
+	  --group docs
 	touch $@
 
 envs: $(AIRFLOW_ENV)/.synced $(PREFECT_ENV)/.synced
@@ -41,9 +44,9 @@ envs: $(AIRFLOW_ENV)/.synced $(PREFECT_ENV)/.synced
 # Static checks first, then two suites side by side (each prints when it ends): core, server, CLI, chaos, e2e
 # and Prefect tests in the Prefect environment, and the Airflow tests in the Airflow one. Most of their time
 # is spent waiting for real (leases, fleets, full stacks), so on two cores together they take about as long
-# as the longer of the two.
+# as the longer of the two. The docs build (well under a minute) runs beside them.
 test: envs lint
-	$(MAKE) --no-print-directory -j2 --output-sync=target test-prefect test-airflow
+	$(MAKE) --no-print-directory -j3 --output-sync=target test-prefect test-airflow docs
 
 test-prefect: envs
 	$(PREFECT_ENV)/bin/python -m pytest tests --ignore=tests/airflow -q -p no:cacheprovider $(PYTEST_ARGS)
@@ -77,6 +80,13 @@ lint: envs
 	$(PREFECT_ENV)/bin/mypy --strict prefect_volcano
 	$(AIRFLOW_ENV)/bin/mypy --strict airflow_provider_volcano
 
+# The docs site (docs/conf.py): built from the repository root so the provider's pages stay in
+# providers/volcano/docs; a fresh build every time (-E) so every page's warnings are seen; warnings are
+# errors, every reference must resolve (-n), and external links are checked for form only (no internet).
+docs: $(PREFECT_ENV)/.synced
+	$(PREFECT_ENV)/bin/sphinx-build -E -W --keep-going -n -q -b html -c docs -d $(DOCS_OUT)/../doctrees . $(DOCS_OUT)
+	@echo ">> docs built: $(DOCS_OUT)/index.html"
+
 # What a user installs with plain pip (README, "Installing"): the sdist, the wheel built from it (so the sdist
 # is known to build), and one pip constraints file per orchestrator extra with the versions uv.lock pins and
 # the suite tested. DIST_DIR=... builds elsewhere; the packaging tests do.
@@ -89,4 +99,4 @@ dist: | $(UV)
 	done
 
 clean:
-	rm -rf .tools $(AIRFLOW_ENV) $(PREFECT_ENV) .demo .pytest_cache .mypy_cache .ruff_cache $(DIST_DIR)
+	rm -rf .tools $(AIRFLOW_ENV) $(PREFECT_ENV) .demo .docs .pytest_cache .mypy_cache .ruff_cache $(DIST_DIR)

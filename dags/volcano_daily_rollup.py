@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import time
-from datetime import datetime
 
+import pendulum
 from airflow.sdk import DAG, Param
 
 from airflow_provider_volcano import VolcanoLockOperator
@@ -29,7 +29,7 @@ def rollup(day: str, volcano_lease: dict, run_id: str, hold_seconds: float = 0.0
 with DAG(
     dag_id="volcano_daily_rollup",
     schedule="@daily",
-    start_date=datetime(2026, 1, 1),
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
     params={
         "lock_key": Param("daily-rollup", type="string"),

@@ -22,9 +22,9 @@ import csv
 import io
 import os
 import tempfile
-from datetime import datetime
 
 import boto3
+import pendulum
 import sqlalchemy as sa
 from airflow.sdk import DAG, Param
 
@@ -79,7 +79,7 @@ def publish(day: str, volcano_lease: dict) -> dict:
 with DAG(
     dag_id="volcano_fenced_lake",
     schedule="@daily",
-    start_date=datetime(2026, 1, 1),
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
     params={"day": Param("", type="string")},  # empty: the run's logical date
     tags=["volcano", "example"],

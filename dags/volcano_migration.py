@@ -7,8 +7,8 @@ interleaved; each step is written through the fencing check.
 from __future__ import annotations
 
 import time
-from datetime import datetime
 
+import pendulum
 from airflow.sdk import DAG, Param
 
 from airflow_provider_volcano import VolcanoLockOperator
@@ -33,7 +33,7 @@ def migrate(steps: int, step_seconds: float, resource: str, volcano_lease: dict,
 with DAG(
     dag_id="volcano_migration",
     schedule=None,
-    start_date=datetime(2026, 1, 1),
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
     params={
         "lock_key": Param("schema-migration", type="string"),

@@ -6,8 +6,7 @@ while this one holds it; the other regions go on in parallel.
 
 from __future__ import annotations
 
-from datetime import datetime
-
+import pendulum
 from airflow.sdk import DAG, Param
 
 from airflow_provider_volcano import VolcanoLockOperator
@@ -35,7 +34,7 @@ def refresh(region: str, volcano_lease: dict, run_id: str) -> dict:
 with DAG(
     dag_id="volcano_regional_refresh",
     schedule=None,
-    start_date=datetime(2026, 1, 1),
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
     params={"lock_prefix": Param("refresh", type="string")},
     tags=["volcano", "example"],

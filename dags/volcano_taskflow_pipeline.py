@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-
+import pendulum
 from airflow.sdk import Param, dag, task
 
 from volcano_locks.fencing import FencedTable
@@ -12,7 +11,7 @@ from volcano_locks.fencing import FencedTable
 @dag(
     dag_id="volcano_taskflow_pipeline",
     schedule=None,
-    start_date=datetime(2026, 1, 1),
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
     params={"lock_key": Param("warehouse-load", type="string")},
     tags=["volcano", "example"],

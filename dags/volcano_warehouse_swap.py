@@ -10,8 +10,8 @@ this one's, and a run that lost the lock cannot overwrite a newer one: every wri
 from __future__ import annotations
 
 import time
-from datetime import datetime
 
+import pendulum
 from airflow.sdk import Param, dag, task
 from airflow.sdk.definitions.taskgroup import TaskGroup
 
@@ -27,7 +27,7 @@ def _maybe_fail(step: str, fail_at: str) -> None:
 @dag(
     dag_id="volcano_warehouse_swap",
     schedule=None,
-    start_date=datetime(2026, 1, 1),
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
     params={
         "lock_key": Param("warehouse-swap", type="string"),

@@ -14,6 +14,7 @@ import typing as _typing
 from importlib import import_module as _import_module
 
 from volcano_locks import errors as _errors
+from volcano_locks.__about__ import __version__ as __version__
 from volcano_locks.errors import *  # noqa: F403  (the exception tree; errors.__all__ is its one list)
 from volcano_locks.models import LeaseFacts as LeaseFacts
 from volcano_locks.models import LockLease as LockLease

@@ -100,6 +100,8 @@ def test_prefect_extra_installs_with_pip_and_block_register_registers(
         PREFECT_HOME=str(tmp_path / "prefect-home"),
         PREFECT_API_BLOCKS_REGISTER_ON_START="false",
         PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        # Prefect gives its temporary server 20 s to start; a loaded shared machine can need more.
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="120",
     )
     record_property(PIP_INSTALL_PROPERTY, venv.install_line)
     _imports_from_the_venv(venv, "volcano_locks", "prefect_volcano")

@@ -165,7 +165,7 @@ def test_waiting_and_lost_events(unique_key: str, credentials: VolcanoCredential
 
 @pytest.mark.filterwarnings("ignore:'imghdr' is deprecated:DeprecationWarning")  # apprise, under SlackWebhook
 def test_the_readme_automation_notify_when_a_lock_is_lost_is_accepted() -> None:
-    # The README's example, as written there: Prefect validates and stores it.
+    # The example of docs/prefect.md, as written there: Prefect validates and stores it.
     from prefect.automations import Automation
     from prefect.blocks.notifications import SlackWebhook
     from prefect.events.actions import SendNotification
