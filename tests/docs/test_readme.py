@@ -12,7 +12,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from cli_runner import CLI, cli_env
+from tests.cli.helpers import CLI, cli_env
 from tests.docs.helpers import README, REPO, blocks, python_block, shell_commands
 
 from volcano_locks import LockState, VolcanoLocks, __version__
