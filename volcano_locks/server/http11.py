@@ -423,20 +423,21 @@ def _encode(
     """The bytes of `resp` through `conn` (h11 frames it; HEAD answers carry the headers only)."""
     payload = b"" if resp.body is None else json.dumps(resp.body, separators=(",", ":")).encode()
     try:
-        reason = HTTPStatus(resp.status).phrase
+        reason = HTTPStatus(resp.status).phrase.encode("ascii")
     except ValueError:
-        reason = "Error"
-    lines = [("Date", formatdate(usegmt=True)), ("Server", "volcano-locks")]
+        reason = b"Error"
+    # Bytes, not str: h11 validates every header either way, and converting each str costs as much again.
+    lines = [(b"Date", formatdate(usegmt=True).encode("ascii")), (b"Server", b"volcano-locks")]
     if resp.body is not None:
-        lines.append(("Content-Type", "application/json"))
+        lines.append((b"Content-Type", b"application/json"))
     if resp.status != 204:
-        lines.append(("Content-Length", str(len(payload))))
+        lines.append((b"Content-Length", b"%d" % len(payload)))
     rid = headers.get("x-volcano-request-id") if headers is not None else None
     if rid is not None and is_request_id(rid):
-        lines.append(("X-Volcano-Request-Id", rid))
-    lines.extend(resp.headers.items())
+        lines.append((b"X-Volcano-Request-Id", rid.encode("ascii")))
+    lines.extend((k.encode("latin-1"), v.encode("latin-1")) for k, v in resp.headers.items())
     if close:
-        lines.append(("Connection", "close"))
+        lines.append((b"Connection", b"close"))
     out = conn.send(h11.Response(status_code=resp.status, headers=lines, reason=reason))
     if payload and not head:
         out += conn.send(h11.Data(data=payload))
