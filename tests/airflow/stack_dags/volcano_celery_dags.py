@@ -18,6 +18,7 @@ from typing import Any
 from airflow.sdk import DAG, Param
 
 from airflow_provider_volcano.operators.lock import VolcanoLockOperator
+from tests.airflow.stack_dags.parts import FAILS_WHEN_HELD, WAITS_DEFERRED
 
 
 def _hold(state_file: str, volcano_lease: dict[str, Any]) -> None:
@@ -39,12 +40,10 @@ with DAG(
     VolcanoLockOperator(
         task_id="hold",
         queue="volcano_a",
-        lock_key="{{ params.lock_key }}",
         ttl=10,
-        on_contention="fail",
-        retries=0,
         python_callable=_hold,
         op_kwargs={"state_file": "{{ params.state_file }}"},
+        **FAILS_WHEN_HELD,
     )
 
 with DAG(
@@ -53,14 +52,4 @@ with DAG(
     start_date=datetime(2026, 1, 1),
     params={"lock_key": Param("celery", type="string")},
 ):
-    VolcanoLockOperator(
-        task_id="wait",
-        queue="volcano_b",
-        lock_key="{{ params.lock_key }}",
-        ttl=10,
-        deferrable=True,
-        poll_interval=0.5,
-        wait_timeout=600,
-        retries=0,
-        python_callable=_took,
-    )
+    VolcanoLockOperator(task_id="wait", queue="volcano_b", ttl=10, python_callable=_took, **WAITS_DEFERRED)
