@@ -8,6 +8,7 @@ import pytest
 from prefect import flow, task
 
 from prefect_volcano import VolcanoCredentials, current_lease, locked_flow, locked_task
+from tests.prefect.helpers import assert_failed_with
 from volcano_locks import InvalidRequest, validate_key, validate_ttl, validate_wait_timeout
 
 
@@ -126,11 +127,9 @@ def test_template_with_kwargs_function_is_checked_at_run_time(unique_key: str) -
 
     assert f() == f"{unique_key}-eu"
     (missing,) = states
-    assert missing.is_failed()
-    with pytest.raises(
-        InvalidRequest, match=r"^key template '.*-\{region\}' cannot be rendered: KeyError\('region'\)$"
-    ):
-        missing.result()
+    assert_failed_with(
+        missing, InvalidRequest, r"^key template '.*-\{region\}' cannot be rendered: KeyError\('region'\)$"
+    )
 
 
 def test_template_attribute_and_index_access_is_allowed() -> None:
