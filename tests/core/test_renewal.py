@@ -131,17 +131,7 @@ def test_ninety_day_clamp() -> None:
 
 
 def test_ninety_day_clamp_after_renewals() -> None:
-    clock = FakeClock()
-    renew, calls = renewer(clock, [])
-    keeper = LeaseKeeper(
-        lease(ttl=30, sent=0.0, absolute=35.0),
-        renew,
-        timing=T30,
-        clock=clock,
-        wait=clock.wait,
-        spawn=inline,
-        rng=lambda: 0.5,
-    )
+    keeper, clock, calls = make_keeper([], absolute=35.0)
     keeper.run()
     assert [round(at, 3) for at, _ in calls] == [10.0]  # the renewal that reached the deadline was the last
     assert keeper.lease.local_deadline == 35.0
@@ -170,12 +160,13 @@ def make_keeper(
     latency: float = 0.1,
     on_loss: Callable[..., object] | None = None,
     clock: FakeClock | None = None,
+    absolute: float | None = None,
 ) -> tuple[LeaseKeeper, FakeClock, list[tuple[float, float]]]:
     clock = clock or FakeClock()
     renew, calls = renewer(clock, script, latency=latency)
     timing = KeeperTiming(request_timeout=renewal_timeout(10.0, ttl))
     keeper = LeaseKeeper(
-        lease(ttl=ttl, sent=clock.now),
+        lease(ttl=ttl, sent=clock.now, absolute=absolute),
         renew,
         timing=timing,
         clock=clock,

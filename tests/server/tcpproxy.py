@@ -70,12 +70,7 @@ class TcpProxy:
                 self._server.shutdown(socket.SHUT_RDWR)
             self._server.close()
             self._server = None
-        with self._lock:
-            socks, self._socks = self._socks, []
-        for s in socks:
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-            s.close()
+        self._reset_connections()
 
     def restore(self) -> None:
         """Listen again on the same port."""
@@ -87,10 +82,14 @@ class TcpProxy:
 
     def resume(self) -> None:
         """Forward again; connections open during the stall lost data, so they are reset."""
+        self._reset_connections()
+        self._stalled.clear()
+
+    def _reset_connections(self) -> None:
+        """Reset every forwarded connection (both sides)."""
         with self._lock:
             socks, self._socks = self._socks, []
         for s in socks:
             with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
             s.close()
-        self._stalled.clear()
