@@ -271,16 +271,7 @@ def test_fail_policy_fails_the_task_not_the_flow(unique_key: str) -> None:
 
 
 def test_wait_times_out_with_a_clear_failure(unique_key: str) -> None:
-    @task
-    @locked_task(unique_key, wait_timeout=0.5)
-    def patient() -> str:
-        return "ran"
-
-    states: list[State[Any]] = []
-
-    @flow
-    def f() -> None:
-        states.append(patient(return_state=True))
+    f, states = collecting_flow(token_task(unique_key, wait_timeout=0.5))
 
     with VolcanoLocks() as holder, holder.with_lock(unique_key, 10):
         f()

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from airflow.sdk import Param
+
 WAITS_DEFERRED: dict[str, Any] = {
     "lock_key": "{{ params.lock_key }}",
     "on_contention": "wait",
@@ -20,3 +22,8 @@ WAITS_DEFERRED: dict[str, Any] = {
 
 FAILS_WHEN_HELD: dict[str, Any] = {"lock_key": "{{ params.lock_key }}", "on_contention": "fail", "retries": 0}
 """A task on ``params.lock_key`` that fails at once when the lock is held, never retried."""
+
+
+def lock_params(lock_key: str, *paths: str) -> dict[str, Param]:
+    """A DAG's params: ``lock_key`` (its default ``lock_key``) and a path param for each name in ``paths``."""
+    return {"lock_key": Param(lock_key, type="string"), **{name: Param("", type="string") for name in paths}}

@@ -15,10 +15,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from airflow.sdk import DAG, Param
+from airflow.sdk import DAG
 
 from airflow_provider_volcano.operators.lock import VolcanoLockOperator
-from tests.airflow.stack_dags.parts import FAILS_WHEN_HELD, WAITS_DEFERRED
+from tests.airflow.stack_dags.parts import FAILS_WHEN_HELD, WAITS_DEFERRED, lock_params
+
+START = datetime(2026, 1, 1)
 
 
 def _hold(state_file: str, volcano_lease: dict[str, Any]) -> None:
@@ -34,8 +36,8 @@ def _took(volcano_lease: dict[str, Any]) -> int:
 with DAG(
     dag_id="volcano_celery_holder",
     schedule=None,
-    start_date=datetime(2026, 1, 1),
-    params={"lock_key": Param("celery", type="string"), "state_file": Param("", type="string")},
+    start_date=START,
+    params=lock_params("celery", "state_file"),
 ):
     VolcanoLockOperator(
         task_id="hold",
@@ -46,10 +48,5 @@ with DAG(
         **FAILS_WHEN_HELD,
     )
 
-with DAG(
-    dag_id="volcano_celery_waiter",
-    schedule=None,
-    start_date=datetime(2026, 1, 1),
-    params={"lock_key": Param("celery", type="string")},
-):
+with DAG(dag_id="volcano_celery_waiter", schedule=None, start_date=START, params=lock_params("celery")):
     VolcanoLockOperator(task_id="wait", queue="volcano_b", ttl=10, python_callable=_took, **WAITS_DEFERRED)

@@ -20,7 +20,7 @@ from typing import Any
 from airflow.sdk import DAG, Param
 
 from airflow_provider_volcano.operators.lock import VolcanoLockOperator
-from tests.airflow.stack_dags.parts import FAILS_WHEN_HELD, WAITS_DEFERRED
+from tests.airflow.stack_dags.parts import FAILS_WHEN_HELD, WAITS_DEFERRED, lock_params
 from volcano_locks.fencing import FencedTable
 
 
@@ -72,7 +72,7 @@ with DAG(
     dag_id="volcano_sigterm",
     schedule=None,
     start_date=datetime(2026, 1, 1),
-    params={"lock_key": Param("fleet-sigterm", type="string"), "pid_file": Param("", type="string")},
+    params=lock_params("fleet-sigterm", "pid_file"),
 ):
     VolcanoLockOperator(
         task_id="hold",
