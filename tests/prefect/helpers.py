@@ -132,13 +132,20 @@ def token_flow(key: str, **options: Any) -> Callable[[], int]:
     return run_hold
 
 
-def collecting_flow(job: Any) -> tuple[Callable[[], None], list[State[Any]]]:
-    """A flow that calls the task ``job`` once per run, and the list that keeps each call's final state."""
+FLOW_WENT_ON = "flow went on"
+
+
+def collecting_flow(job: Any) -> tuple[Callable[[], str], list[State[Any]]]:
+    """A flow that calls the task ``job`` once per run, and the list that keeps each call's final state.
+
+    The flow returns ``FLOW_WENT_ON`` after the call, whatever became of the task run.
+    """
     states: list[State[Any]] = []
 
     @flow
-    def run_job() -> None:
+    def run_job() -> str:
         states.append(job(return_state=True))
+        return FLOW_WENT_ON
 
     return run_job, states
 

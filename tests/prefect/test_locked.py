@@ -250,17 +250,7 @@ def test_skip_in_async_task(unique_key: str, tmp_path: Path) -> None:
 
 
 def test_fail_policy_fails_the_task_not_the_flow(unique_key: str) -> None:
-    @task
-    @locked_task(unique_key, on_contention="fail")
-    def exclusive() -> str:
-        return "ran"
-
-    states: list[State[Any]] = []
-
-    @flow
-    def f() -> str:
-        states.append(exclusive(return_state=True))
-        return "flow went on"
+    f, states = collecting_flow(token_task(unique_key, on_contention="fail"))
 
     with VolcanoLocks() as holder, holder.with_lock(unique_key, 10):
         assert f() == "flow went on"
@@ -316,13 +306,7 @@ def test_force_release_fails_the_sync_task_and_names_the_loss(unique_key: str) -
         finished.append(True)
         return "should never complete"
 
-    states: list[State[Any]] = []
-
-    @flow
-    def f() -> str:
-        states.append(long_job(return_state=True))
-        return "flow went on"
-
+    f, states = collecting_flow(long_job)
     breaker = force_release_when(started, unique_key)
     after = f()
     state = states[0]
