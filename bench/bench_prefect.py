@@ -40,7 +40,6 @@ import itertools
 import os
 import queue
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -57,7 +56,6 @@ os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="bench-prefect-home-")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 
-import httpx
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 from prefect.concurrency.sync import concurrency
@@ -204,43 +202,10 @@ def prefect_server() -> Iterator[str]:
     The test harness runs no background services, so a crashed holder's concurrency lease would
     never be reclaimed there; a real server's lease repossessor is what a user's fleet has.
     """
-    home = Path(tempfile.mkdtemp(prefix="bench-prefect-server-"))
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    api = f"http://127.0.0.1:{port}/api"
-    env = dict(
-        os.environ,
-        PREFECT_HOME=str(home),
-        PREFECT_API_DATABASE_CONNECTION_URL=f"sqlite+aiosqlite:///{home / 'prefect.db'}",
-        PREFECT_API_URL=api,
-    )
-    prefect = str(Path(sys.executable).with_name("prefect"))
-    server = subprocess.Popen(
-        [prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(f"{api}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("prefect server did not start")
-            time.sleep(0.5)
-        yield api
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+    from tests.prefect.helpers import prefect_server as running_prefect_server
+
+    with running_prefect_server(Path(tempfile.mkdtemp(prefix="bench-prefect-server-"))) as base:
+        yield f"{base}/api"
 
 
 _FLEET_PROC = """

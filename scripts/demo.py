@@ -147,12 +147,7 @@ def run_airflow(work: Path, env: dict[str, str], client: VolcanoLocks, table: Fe
         )
         for name, home_env in zip("AB", envs, strict=True)
     ]
-    try:
-        wait_until("a run holds the lock", lambda: client.get(MIGRATION_KEY).held, runs[0], 180)
-        say(f"Airflow: one run holds {MIGRATION_KEY!r}; the other must wait for it")
-        finish(runs, timeout=300)
-    finally:
-        stop_all(runs)
+    race(runs, client, MIGRATION_KEY, f"Airflow: one run holds {MIGRATION_KEY!r}; the other must wait for it")
     say("Airflow: both runs finished")
 
     # Each run writes with its run id as the writer, in the order the lock passed between them.
@@ -177,6 +172,16 @@ def run_airflow(work: Path, env: dict[str, str], client: VolcanoLocks, table: Fe
     return rows
 
 
+def race(runs: list[Contender], client: VolcanoLocks, key: str, held: str) -> None:
+    """Let ``runs`` contend for ``key``: say ``held`` once one holds it, then wait for all to finish."""
+    try:
+        wait_until("a run holds the lock", lambda: client.get(key).held, runs[0], 180)
+        say(held)
+        finish(runs, timeout=300)
+    finally:
+        stop_all(runs)
+
+
 def _tokens(tokens: list[int]) -> str:
     return ", ".join(str(t) for t in sorted(set(tokens)))
 
@@ -199,12 +204,12 @@ def run_prefect(work: Path, env: dict[str, str], client: VolcanoLocks) -> list[R
         flow_env = {**env, "PREFECT_HOME": str(home), "PREFECT_LOGGING_LEVEL": "WARNING"}
         argv = [str(PREFECT_PYTHON), "-c", code, "15"]  # the holder works for 15 s
         runs.append(Contender(f"Prefect flow {name}", argv, flow_env, work / f"prefect-{name}.log"))
-    try:
-        wait_until("a flow holds the lock", lambda: client.get(ROLLUP_KEY).held, runs[0], 180)
-        say(f"Prefect: one flow holds {ROLLUP_KEY!r}; the other will find it taken and skip")
-        finish(runs, timeout=300)
-    finally:
-        stop_all(runs)
+    race(
+        runs,
+        client,
+        ROLLUP_KEY,
+        f"Prefect: one flow holds {ROLLUP_KEY!r}; the other will find it taken and skip",
+    )
     say("Prefect: both flows finished")
     rows = []
     for run in runs:

@@ -37,6 +37,13 @@ def volcano_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSe
         yield srv
 
 
+@pytest.fixture
+def quota_server(tmp_path: Path) -> Iterator[LocalServer]:
+    """A server of this test's own at the contract's quota of 600 requests a minute, with a request log."""
+    with LocalServer(db=str(tmp_path / "quota.sqlite3"), admin=True, quota=600) as srv:
+        yield srv
+
+
 @pytest.fixture(autouse=True)
 def _fresh_governors() -> None:
     """Each test waits as a new process would: what earlier tests spent is not its budget's debt."""

@@ -12,13 +12,12 @@ import subprocess
 import tempfile
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.airflow.helpers import DAGS, airflow_bin, volcano_conn_json
+from tests.airflow.helpers import DAGS, VolcanoConn, airflow_bin, volcano_conn_json
+from volcano_locks import VolcanoLocks
 
 AIRFLOW_HOME = Path(tempfile.mkdtemp(prefix="volcano-airflow-home-"))
 
@@ -57,31 +56,31 @@ def airflow_db() -> Iterator[Path]:
     shutil.rmtree(AIRFLOW_HOME, ignore_errors=True)
 
 
-@dataclass(frozen=True)
-class VolcanoConn:
-    """The connection the tests configured: the server and the exact keys in it."""
-
-    server: Any
-    url: str
-    service_key: str = field(repr=False)
-    anon_key: str = field(repr=False)
-
-    def requests(self) -> list[dict[str, Any]]:
-        """The server's recent request log."""
-        return list(self.server.requests())
-
-
 @pytest.fixture(scope="session")
 def volcano_keys(volcano_server) -> tuple[str, str]:
     """One service key and one anon key for the session (the harness mints a new one per access)."""
     return volcano_server.service_key, volcano_server.anon_key
 
 
-@pytest.fixture
-def volcano_conn(volcano_server, volcano_keys, monkeypatch: pytest.MonkeyPatch) -> VolcanoConn:
-    """Point AIRFLOW_CONN_VOLCANO_DEFAULT at the session's local Volcano server."""
+@pytest.fixture(scope="session")
+def session_conn(volcano_server, volcano_keys) -> VolcanoConn:
+    """The session's local Volcano server and keys, for module-scoped stacks (``helpers.dag_stack``)."""
     service_key, anon_key = volcano_keys
-    monkeypatch.setenv(
-        "AIRFLOW_CONN_VOLCANO_DEFAULT", volcano_conn_json(volcano_server.url, service_key, anon_key=anon_key)
-    )
     return VolcanoConn(volcano_server, volcano_server.url, service_key, anon_key)
+
+
+@pytest.fixture
+def volcano_conn(session_conn: VolcanoConn, monkeypatch: pytest.MonkeyPatch) -> VolcanoConn:
+    """Point AIRFLOW_CONN_VOLCANO_DEFAULT at the session's local Volcano server."""
+    conn = session_conn
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_VOLCANO_DEFAULT", volcano_conn_json(conn.url, conn.service_key, anon_key=conn.anon_key)
+    )
+    return conn
+
+
+@pytest.fixture
+def outside(volcano_conn: VolcanoConn) -> Iterator[VolcanoLocks]:
+    """A core client on the same server and keys, holding and reading locks from outside Airflow."""
+    with VolcanoLocks(volcano_conn.url, volcano_conn.anon_key, volcano_conn.service_key) as client:
+        yield client

@@ -1,4 +1,4 @@
-"""Helpers shared by the Airflow tests (a uniquely named module: tests/ has several conftests)."""
+"""Helpers shared by the Airflow tests: connections, real Airflow stacks, waiting for what they do."""
 
 from __future__ import annotations
 
@@ -14,12 +14,18 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+import pytest
 
 DAGS = Path(__file__).resolve().parents[2] / "dags"
+STACK_DAGS = Path(__file__).resolve().parent / "stack_dags"  # DAGs only the full-stack tests run
+CHROMIUM = Path(os.environ.get("VOLCANO_TEST_CHROMIUM", "/usr/bin/chromium"))
+T = TypeVar("T")
 OWNER = re.compile(r"\bowner ([0-9a-f]{32})\b")  # the operator logs its try's public owner nonce
 
 
@@ -31,6 +37,59 @@ def airflow_bin() -> str:
 def volcano_conn_json(url: str, service_key: str, **extra: object) -> str:
     """Return a Volcano connection in Airflow's JSON env-var form."""
     return json.dumps({"conn_type": "volcano", "host": url, "password": service_key, "extra": extra})
+
+
+@dataclass(frozen=True)
+class VolcanoConn:
+    """The lock server a test's Airflow connection points at, and the exact keys in it."""
+
+    server: Any
+    url: str
+    service_key: str = field(repr=False)
+    anon_key: str = field(repr=False)
+
+    def requests(self) -> list[dict[str, Any]]:
+        """The server's recent request log."""
+        return list(self.server.requests())
+
+
+def browser_or_skip() -> Any:
+    """``playwright.sync_api`` for a browser test module, which is skipped without it or without chromium."""
+    sync_api = pytest.importorskip(
+        "playwright.sync_api", reason="the playwright package is not installed (test dependency group)"
+    )
+    if not CHROMIUM.is_file():
+        pytest.skip(
+            f"no browser at {CHROMIUM} (install Debian's chromium or set VOLCANO_TEST_CHROMIUM)",
+            allow_module_level=True,
+        )
+    return sync_api
+
+
+def until(what: str, check: Callable[[], T], timeout: float = 180.0, *, stack: Stack | None = None) -> T:
+    """Poll ``check`` until it returns something true and return that; fail naming ``what`` at ``timeout``.
+
+    With ``stack``, also fail as soon as one of its Airflow processes has exited (leave it out while a
+    process is stopped on purpose, or gone).
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        if stack is not None:
+            stack.alive()
+        if value := check():
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def users_env(root: Path, users: Mapping[str, tuple[str, str]]) -> dict[str, str]:
+    """The simple auth manager's settings for ``users`` (name -> (role, password)), passwords file in root."""
+    (root / "passwords.json").write_text(json.dumps({name: pw for name, (_, pw) in users.items()}))
+    return {
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(f"{n}:{role}" for n, (role, _) in users.items()),
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(root / "passwords.json"),
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
+    }
 
 
 def free_port() -> int:
@@ -170,6 +229,34 @@ class Stack:
                 proc.wait(5)
 
 
+def _stack_env(home: Path, port: int, dags: Path, tmp_path: Path, executor: str, sql: str) -> dict[str, str]:
+    """What every process of a stack runs with: home, metadata DB, DAGs folder, executor, api-server."""
+    return {
+        **os.environ,
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": sql,
+        "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+        "AIRFLOW__CORE__EXECUTOR": executor,
+        "AIRFLOW__CORE__PARALLELISM": "4",
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
+        "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
+        "AIRFLOW__API__PORT": str(port),
+        "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(home / "logs"),
+        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+        "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
+        "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "1",
+        "VOLCANO_EXAMPLES_DB": str(tmp_path / "examples.sqlite"),
+    }
+
+
+def _start_core(stack: Stack, port: int, apps: str) -> None:
+    """Start the api-server (``apps``), the dag processor, the scheduler and the triggerer."""
+    stack.start("api-server", "api-server", "--apps", apps, "-H", "127.0.0.1", "-p", str(port), "-w", "1")
+    stack.start("dag-processor", "dag-processor")
+    stack.start("scheduler", "scheduler")
+    stack.start("triggerer", "triggerer")
+
+
 @contextmanager
 def running_stack(
     airflow_db: Path,
@@ -191,30 +278,11 @@ def running_stack(
     shutil.copy(airflow_db / "airflow.pristine.db", home / "airflow.db")
     shutil.copy(airflow_db / "airflow.cfg", home / "airflow.cfg")  # same JWT secret for every process
     port = free_port()
-    env = {
-        **os.environ,
-        "AIRFLOW_HOME": str(home),
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
-        "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
-        "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
-        "AIRFLOW__CORE__PARALLELISM": "4",
-        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
-        "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
-        "AIRFLOW__API__PORT": str(port),
-        "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(home / "logs"),
-        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
-        "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
-        "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "1",
-        "VOLCANO_EXAMPLES_DB": str(tmp_path / "examples.sqlite"),
-        **(extra_env or {}),
-    }
-    stack = Stack(home, env)
+    env = _stack_env(home, port, dags, tmp_path, "LocalExecutor", f"sqlite:///{home}/airflow.db")
+    stack = Stack(home, {**env, **(extra_env or {})})
     stack.url = f"http://127.0.0.1:{port}"
     try:
-        stack.start("api-server", "api-server", "--apps", apps, "-H", "127.0.0.1", "-p", str(port), "-w", "1")
-        stack.start("dag-processor", "dag-processor")
-        stack.start("scheduler", "scheduler")
-        stack.start("triggerer", "triggerer")
+        _start_core(stack, port, apps)
         yield stack
     finally:
         stack.stop()
@@ -226,7 +294,13 @@ CELERY_REDIS_DB = 7  # this suite's own Redis database number (flushed before ea
 
 @contextmanager
 def running_celery_stack(
-    airflow_db: Path, tmp_path: Path, dags: Path, queues: dict[str, str]
+    airflow_db: Path,
+    tmp_path: Path,
+    dags: Path,
+    queues: Mapping[str, str],
+    *,
+    apps: str = "execution",
+    extra_env: dict[str, str] | None = None,
 ) -> Iterator[Stack]:
     """An api-server, dag processor, scheduler (CeleryExecutor), triggerer and one Celery worker per queue.
 
@@ -248,38 +322,22 @@ def running_celery_stack(
     home.mkdir()
     shutil.copy(airflow_db / "airflow.cfg", home / "airflow.cfg")  # same JWT secret for every process
     port = free_port()
-    env = {
-        **os.environ,
-        "AIRFLOW_HOME": str(home),
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}",
-        "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
-        "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
-        "AIRFLOW__CORE__PARALLELISM": "4",
+    env = _stack_env(
+        home, port, dags, tmp_path, "CeleryExecutor", f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+    )
+    env |= {
         "AIRFLOW__CELERY__BROKER_URL": broker,
         "AIRFLOW__CELERY__RESULT_BACKEND": broker,
         "AIRFLOW__CELERY__WORKER_CONCURRENCY": "1",
-        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
-        "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
-        "AIRFLOW__API__PORT": str(port),
-        "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(home / "logs"),
-        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
-        "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
         "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "20",
         "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5",
-        "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "1",
-        "VOLCANO_EXAMPLES_DB": str(tmp_path / "examples.sqlite"),
     }
-    stack = Stack(home, env)
+    stack = Stack(home, {**env, **(extra_env or {})})
     stack.pg_dsn = f"host=127.0.0.1 port=5432 user=postgres dbname={name}"
     stack.url = f"http://127.0.0.1:{port}"
     try:
         stack.cli("db", "migrate")
-        stack.start(
-            "api-server", "api-server", "--apps", "execution", "-H", "127.0.0.1", "-p", str(port), "-w", "1"
-        )
-        stack.start("dag-processor", "dag-processor")
-        stack.start("scheduler", "scheduler")
-        stack.start("triggerer", "triggerer")
+        _start_core(stack, port, apps)
         for worker, queue in queues.items():
             stack.start(
                 worker,
@@ -301,3 +359,46 @@ def running_celery_stack(
         redis.Redis.from_url(broker).flushdb()
         with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@contextmanager
+def dag_stack(
+    airflow_db: Path,
+    conn: VolcanoConn,
+    root: Path,
+    dag_files: Sequence[Path],
+    dag_ids: Sequence[str],
+    *,
+    users: Mapping[str, tuple[str, str]] | None = None,
+    extra_env: dict[str, str] | None = None,
+    celery_queues: Mapping[str, str] | None = None,
+    parse_timeout: float = 180,
+) -> Iterator[Stack]:
+    """A full stack running ``dag_files`` against ``conn``'s lock server, its ``dag_ids`` parsed and unpaused.
+
+    The DAGs folder is ``<root>/dags`` with copies of ``dag_files``; with ``users`` (name -> (role,
+    password), the simple auth manager) the api-server serves the UI and the public REST API too, and is
+    answering when this yields. ``celery_queues`` (worker name -> queue) makes it a CeleryExecutor stack
+    (``running_celery_stack``), else a LocalExecutor one (``running_stack``).
+    """
+    dags = root / "dags"
+    dags.mkdir()
+    for path in dag_files:
+        shutil.copy(path, dags)
+    extra = {**(users_env(root, users) if users else {}), **(extra_env or {})}
+    apps = "all" if users else "execution"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(
+            "AIRFLOW_CONN_VOLCANO_DEFAULT",
+            volcano_conn_json(conn.url, conn.service_key, anon_key=conn.anon_key),
+        )
+        if celery_queues is None:
+            running = running_stack(airflow_db, root, dags, apps=apps, extra_env=extra)
+        else:
+            running = running_celery_stack(airflow_db, root, dags, celery_queues, apps=apps, extra_env=extra)
+        with running as stack:
+            if users:
+                stack.wait_for_api()
+            for dag_id in dag_ids:
+                stack.unpause_when_parsed(dag_id, timeout=parse_timeout)
+            yield stack

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import time
@@ -24,13 +23,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.airflow.helpers import Stack, running_celery_stack, volcano_conn_json
+from tests.airflow.helpers import STACK_DAGS, Stack, VolcanoConn, dag_stack, until
 from tests.support import pg_select
 from volcano_locks import VolcanoLocks
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
-STACK_DAGS = Path(__file__).resolve().parent / "stack_dags"
 HOLDER, WAITER = "volcano_celery_holder", "volcano_celery_waiter"
 TTL, GRACE = 10, 1.0  # the holder's ttl; the server's takeover grace
 
@@ -50,43 +48,19 @@ def _services_missing() -> str | None:
 
 
 @pytest.fixture(scope="module")
-def celery(airflow_db: Path, volcano_server, volcano_keys, tmp_path_factory) -> Iterator[Stack]:
+def celery(airflow_db: Path, session_conn: VolcanoConn, tmp_path_factory) -> Iterator[Stack]:
     if reason := _services_missing():  # skipped on a laptop without them; CI requires both
         pg_select.unavailable(reason, os.environ.get(pg_select.REQUIRE_ENV) == "1")
-    service_key, anon_key = volcano_keys
-    root = tmp_path_factory.mktemp("celery")
-    dags = root / "dags"
-    dags.mkdir()
-    shutil.copy(STACK_DAGS / "volcano_celery_dags.py", dags)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(
-            "AIRFLOW_CONN_VOLCANO_DEFAULT",
-            volcano_conn_json(volcano_server.url, service_key, anon_key=anon_key),
-        )
-        with running_celery_stack(
-            airflow_db, root, dags, {"worker_a": "volcano_a", "worker_b": "volcano_b"}
-        ) as stack:
-            for dag_id in (HOLDER, WAITER):
-                stack.unpause_when_parsed(dag_id, timeout=240)
-            yield stack
-
-
-@pytest.fixture
-def outside(volcano_conn) -> Iterator[VolcanoLocks]:
-    with VolcanoLocks(volcano_conn.url, volcano_conn.anon_key, volcano_conn.service_key) as client:
-        yield client
-
-
-def _until(stack: Stack | None, what: str, check, timeout: float):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while True:
-        if stack is not None:
-            stack.alive()
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
+    with dag_stack(
+        airflow_db,
+        session_conn,
+        tmp_path_factory.mktemp("celery"),
+        [STACK_DAGS / "volcano_celery_dags.py"],
+        [HOLDER, WAITER],
+        celery_queues={"worker_a": "volcano_a", "worker_b": "volcano_b"},
+        parse_timeout=240,
+    ) as stack:
+        yield stack
 
 
 def _ti_state(stack: Stack, dag_id: str, run_id: str) -> str | None:
@@ -100,7 +74,9 @@ def test_kill_9_of_the_celery_worker_ends_the_orphaned_tasks_lease_and_the_waite
     state_file = tmp_path / "holder.state"
     conf = {"lock_key": unique_key, "state_file": str(state_file)}
     celery.cli("dags", "trigger", HOLDER, "--run-id", "holder", "--conf", json.dumps(conf))
-    _until(celery, "the holder's lock", lambda: state_file.exists() and state_file.read_text().strip(), 240)
+    until(
+        "the holder's lock", lambda: state_file.exists() and state_file.read_text().strip(), 240, stack=celery
+    )
     task_pid, supervisor_pid, fencing = (int(x) for x in state_file.read_text().split())
     worker = psutil.Process(celery.procs["worker_a"].pid)
     tree = [worker, *worker.children(recursive=True)]
@@ -109,7 +85,7 @@ def test_kill_9_of_the_celery_worker_ends_the_orphaned_tasks_lease_and_the_waite
     celery.cli(
         "dags", "trigger", WAITER, "--run-id", "waiter", "--conf", json.dumps({"lock_key": unique_key})
     )
-    _until(celery, "the waiter deferred", lambda: _ti_state(celery, WAITER, "waiter") == "deferred", 240)
+    until("the waiter deferred", lambda: _ti_state(celery, WAITER, "waiter") == "deferred", 240, stack=celery)
 
     # kill -9 of every process of worker_a but the task process: the worker and its pool child (the
     # task's supervisor). The task process is in a process group of its own and survives it.
@@ -120,15 +96,12 @@ def test_kill_9_of_the_celery_worker_ends_the_orphaned_tasks_lease_and_the_waite
     celery.procs.pop("worker_a").wait(10)  # gone on purpose: the stack's liveness checks skip it
     psutil.wait_procs(victims, timeout=10)
 
-    took = _until(
-        None, "the waiter's lease", lambda: (outside.get(unique_key).fencing_token or 0) > fencing, 60
-    )
+    took = until("the waiter's lease", lambda: (outside.get(unique_key).fencing_token or 0) > fencing, 60)
     freed = time.monotonic() - killed
     assert took and freed < TTL + GRACE, freed
     print(f"lease of the orphaned task freed {freed:.2f} s after kill -9 of its worker")
-    _until(celery, "the waiter's success", lambda: _ti_state(celery, WAITER, "waiter") == "success", 180)
-    _until(
-        None,
+    until("the waiter's success", lambda: _ti_state(celery, WAITER, "waiter") == "success", 180, stack=celery)
+    until(
         "the orphaned task process's end",
         lambda: (
             not psutil.pid_exists(task_pid) or (psutil.Process(task_pid).status() == psutil.STATUS_ZOMBIE)
@@ -140,7 +113,12 @@ def test_kill_9_of_the_celery_worker_ends_the_orphaned_tasks_lease_and_the_waite
     logs = celery.logs("holder")
     assert f"The task's supervisor (pid {supervisor_pid}) is gone" in logs, logs[-3000:]
     assert f"gives up lock {unique_key!r} (fencing token {fencing})" in logs
-    _until(celery, "Airflow failing the holder", lambda: _ti_state(celery, HOLDER, "holder") == "failed", 180)
+    until(
+        "Airflow failing the holder",
+        lambda: _ti_state(celery, HOLDER, "holder") == "failed",
+        180,
+        stack=celery,
+    )
     # The server's log: the orphan released its lease (once), then the waiter took the lock.
     ops = [
         (r["op"], r["status"])

@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from volcano_locks import VolcanoLocks
 from volcano_locks.fencing import FencedTable
 
 DAGS = Path(__file__).resolve().parents[2] / "dags"
@@ -37,12 +36,6 @@ def examples_db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     db = tmp_path / "examples.sqlite"
     monkeypatch.setenv("VOLCANO_EXAMPLES_DB", str(db))
     return db
-
-
-@pytest.fixture
-def outside(volcano_conn):
-    with VolcanoLocks(volcano_conn.url, volcano_conn.anon_key, volcano_conn.service_key) as client:
-        yield client
 
 
 def _xcoms(dag_run: Any, task_id: str) -> dict[str, Any]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import time
 from collections.abc import Iterator
@@ -23,13 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.airflow.helpers import DAGS, Stack, running_stack, volcano_conn_json
-from volcano_locks import VolcanoLocks
+from tests.airflow.helpers import DAGS, STACK_DAGS, Stack, VolcanoConn, dag_stack
 from volcano_locks.fencing import FencedTable
 
 pytestmark = pytest.mark.slow
 
-STACK_DAGS = Path(__file__).resolve().parent / "stack_dags"
 FLEET_DAGS = ("volcano_slow_resume", "volcano_slow_resume_lapse", "volcano_sigterm", "volcano_warehouse_swap")
 RESUMED = re.compile(
     r"Trigger acquired lock '([^']+)' \(fencing token (\d+)\) ([0-9.]+) s before this resume"
@@ -37,28 +34,10 @@ RESUMED = re.compile(
 
 
 @pytest.fixture(scope="module")
-def fleet(airflow_db: Path, volcano_server, volcano_keys, tmp_path_factory) -> Iterator[Stack]:
-    service_key, anon_key = volcano_keys
-    root = tmp_path_factory.mktemp("fleet")
-    dags = root / "dags"
-    dags.mkdir()
-    shutil.copy(STACK_DAGS / "volcano_fleet_dags.py", dags)
-    shutil.copy(DAGS / "volcano_warehouse_swap.py", dags)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(
-            "AIRFLOW_CONN_VOLCANO_DEFAULT",
-            volcano_conn_json(volcano_server.url, service_key, anon_key=anon_key),
-        )
-        with running_stack(airflow_db, root, dags) as stack:
-            for dag_id in FLEET_DAGS:
-                stack.unpause_when_parsed(dag_id, timeout=180)
-            yield stack
-
-
-@pytest.fixture
-def outside(volcano_conn) -> Iterator[VolcanoLocks]:
-    with VolcanoLocks(volcano_conn.url, volcano_conn.anon_key, volcano_conn.service_key) as client:
-        yield client
+def fleet(airflow_db: Path, session_conn: VolcanoConn, tmp_path_factory) -> Iterator[Stack]:
+    dags = [STACK_DAGS / "volcano_fleet_dags.py", DAGS / "volcano_warehouse_swap.py"]
+    with dag_stack(airflow_db, session_conn, tmp_path_factory.mktemp("fleet"), dags, FLEET_DAGS) as stack:
+        yield stack
 
 
 def _trigger(stack: Stack, dag_id: str, run_ids: list[str], conf: dict[str, object]) -> None:

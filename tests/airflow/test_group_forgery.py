@@ -30,7 +30,6 @@ from airflow_provider_volcano.operators.group import (
     VolcanoLockGroupReleaseOperator,
 )
 from airflow_provider_volcano.operators.lock import VolcanoLockOperator
-from volcano_locks import VolcanoLocks
 from volcano_locks.server.service import hash_token
 
 ACQUIRE = "g.volcano_lock_acquire"
@@ -48,12 +47,6 @@ class _TI(SimpleNamespace):
 def _context(task_id: str, xcoms: dict[Any, Any], run_id: str = RUN) -> dict[str, Any]:
     ti = _TI(dag_id=DAG, task_id=task_id, run_id=run_id, map_index=-1, try_number=1, xcoms=xcoms)
     return {"ti": ti}
-
-
-@pytest.fixture
-def outside(volcano_conn):
-    with VolcanoLocks(volcano_conn.url, volcano_conn.anon_key, volcano_conn.service_key) as client:
-        yield client
 
 
 def _victim(volcano_conn, outside, key: str) -> tuple[TaskIdentity, Any]:

@@ -27,7 +27,7 @@ from airflow_provider_volcano._tokens import TaskIdentity, derive_token, new_non
 from airflow_provider_volcano.operators.lock import VolcanoLockOperator
 from airflow_provider_volcano.triggers import lock as trigger_module
 from airflow_provider_volcano.triggers.lock import VolcanoLockTrigger
-from volcano_locks import LockState, VolcanoLocks
+from volcano_locks import LockState
 from volcano_locks.server.service import hash_token
 
 OWNER = TaskIdentity("etl", "load", "manual__1", -1, 1, new_nonce())
@@ -87,12 +87,6 @@ def test_the_waiting_line_tells_a_handoff_from_a_running_holder() -> None:
 
 
 # -- waiters against the real local server ----------------------------------------------------------
-
-
-@pytest.fixture
-def outside(volcano_conn):
-    with VolcanoLocks(volcano_conn.url, volcano_conn.anon_key, volcano_conn.service_key) as client:
-        yield client
 
 
 def _stranded(volcano_conn, outside, monkeypatch, key: str, state: object) -> tuple[Any, str]:

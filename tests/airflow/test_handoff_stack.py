@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import time
 import urllib.error
@@ -29,12 +28,11 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_volcano._handoff import LOOK_EVERY
-from tests.airflow.helpers import Stack, running_stack, volcano_conn_json
+from tests.airflow.helpers import STACK_DAGS, Stack, VolcanoConn, dag_stack, until
 from volcano_locks import VolcanoLocks
 
 pytestmark = pytest.mark.slow
 
-STACK_DAGS = Path(__file__).resolve().parent / "stack_dags"
 DAG_ID = "volcano_handoff"
 USER, PASSWORD = "ops", "handoff-test-password"
 BOUND = LOOK_EVERY + 10.0
@@ -45,35 +43,13 @@ MEASURED: dict[str, float] = {}
 
 
 @pytest.fixture(scope="module")
-def stack(airflow_db: Path, volcano_server, volcano_keys, tmp_path_factory) -> Iterator[Stack]:
-    service_key, anon_key = volcano_keys
+def stack(airflow_db: Path, session_conn: VolcanoConn, tmp_path_factory) -> Iterator[Stack]:
     root = tmp_path_factory.mktemp("handoff")
-    dags = root / "dags"
-    dags.mkdir()
-    shutil.copy(STACK_DAGS / "volcano_handoff_dags.py", dags)
-    (root / "passwords.json").write_text(json.dumps({USER: PASSWORD}))
-    extra = {
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{USER}:admin",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(root / "passwords.json"),
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
-    }
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(
-            "AIRFLOW_CONN_VOLCANO_DEFAULT",
-            volcano_conn_json(volcano_server.url, service_key, anon_key=anon_key),
-        )
-        with running_stack(airflow_db, root, dags, apps="all", extra_env=extra) as s:
-            s.wait_for_api()
-            s.unpause_when_parsed(DAG_ID, timeout=180)
-            yield s
+    dags = [STACK_DAGS / "volcano_handoff_dags.py"]
+    with dag_stack(airflow_db, session_conn, root, dags, [DAG_ID], users={USER: ("admin", PASSWORD)}) as s:
+        yield s
     if MEASURED:
         print("handoff freed after (s):", json.dumps({k: round(v, 2) for k, v in MEASURED.items()}))
-
-
-@pytest.fixture
-def outside(volcano_conn) -> Iterator[VolcanoLocks]:
-    with VolcanoLocks(volcano_conn.url, volcano_conn.anon_key, volcano_conn.service_key) as client:
-        yield client
 
 
 def _token(stack: Stack) -> str:
@@ -87,18 +63,6 @@ def _ti_state(stack: Stack, run_id: str) -> tuple[str | None, int]:
     return (rows[0][0], int(rows[0][1])) if rows else (None, 0)
 
 
-def _until(stack: Stack, what: str, check, timeout: float = 180.0, stopped: bool = False):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while True:
-        if not stopped:
-            stack.alive()
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
-
-
 def _two_waiters(stack: Stack, outside: VolcanoLocks, key: str, tag: str, break_file: str = "") -> tuple:  # type: ignore[type-arg]
     """The test holds ``key``; run ``<tag>_w`` defers first, then ``<tag>_c``. Returns (lease, runs)."""
     held = outside.acquire(key, 120)
@@ -106,17 +70,19 @@ def _two_waiters(stack: Stack, outside: VolcanoLocks, key: str, tag: str, break_
     for run_id, flag in ((first, break_file), (second, "")):
         conf = json.dumps({"lock_key": key, "seconds": 2.0, "break_file": flag})
         stack.cli("dags", "trigger", DAG_ID, "--run-id", run_id, "--conf", conf)
-        _until(stack, f"{run_id} deferred", lambda r=run_id: _ti_state(stack, r)[0] == "deferred")
+        until(f"{run_id} deferred", lambda r=run_id: _ti_state(stack, r)[0] == "deferred", stack=stack)
         # The scheduler has processed the deferring exit: a resume before that is Airflow 3.3.2's
         # LocalExecutor race (see the README's Known limits), not what these tests are about.
         event = (
             "Received executor event with state success for task instance "
             f"TaskInstanceKey(dag_id='{DAG_ID}', task_id='hold', run_id='{run_id}'"
         )
-        _until(stack, f"{run_id}'s deferral processed", lambda e=event: e in stack.output("scheduler"))
+        until(f"{run_id}'s deferral processed", lambda e=event: e in stack.output("scheduler"), stack=stack)
         # Its trigger is running in the triggerer (first come, first served on the key).
-        _until(
-            stack, f"{run_id}'s trigger", lambda r=run_id: f"Still waiting for lock {key!r}" in stack.logs(r)
+        until(
+            f"{run_id}'s trigger",
+            lambda r=run_id: f"Still waiting for lock {key!r}" in stack.logs(r),
+            stack=stack,
         )
     return held, (first, second)
 
@@ -132,7 +98,7 @@ def _finish(stack: Stack, run_ids: tuple[str, ...], timeout: float = 240) -> dic
         ours = {r: states.get(r) for r in run_ids}
         return ours if all(s in ("success", "failed") for s in ours.values()) else None  # type: ignore[return-value]
 
-    return _until(stack, f"{run_ids} finished", done, timeout)
+    return until(f"{run_ids} finished", done, timeout, stack=stack)
 
 
 def _at_the_handoff(stack: Stack, outside: VolcanoLocks, key: str, held, runs) -> tuple[str, str, int]:  # type: ignore[no-untyped-def]
@@ -140,13 +106,12 @@ def _at_the_handoff(stack: Stack, outside: VolcanoLocks, key: str, held, runs) -
     scheduler = stack.procs["scheduler"]
     os.killpg(scheduler.pid, signal.SIGSTOP)
     outside.release(key, held)
-    fencing = _until(stack, "the trigger's acquisition", lambda: _holder(outside, key), 60, stopped=True)
-    owner = _until(
-        stack,
+    # Not ``stack=stack``: the scheduler is stopped on purpose.
+    fencing = until("the trigger's acquisition", lambda: _holder(outside, key), 60)
+    owner = until(
         "the handoff (a scheduled run)",
         lambda: next((r for r in runs if _ti_state(stack, r)[0] == "scheduled"), None),
         60,
-        stopped=True,
     )
     other = next(r for r in runs if r != owner)
     return owner, other, fencing
@@ -154,13 +119,9 @@ def _at_the_handoff(stack: Stack, outside: VolcanoLocks, key: str, held, runs) -
 
 def _freed(outside: VolcanoLocks, key: str, fencing: int, since: float) -> float:
     """Seconds from ``since`` until the lock is held by a newer lease than ``fencing``."""
-    _until(
-        Stack.__new__(Stack),  # only the clock and the check: the scheduler may be stopped
-        "the next waiter's lease",
-        lambda: (_holder(outside, key) or 0) > fencing,
-        120,
-        stopped=True,
-    )
+    until(
+        "the next waiter's lease", lambda: (_holder(outside, key) or 0) > fencing, 120
+    )  # scheduler may be stopped
     return time.monotonic() - since
 
 
@@ -236,8 +197,8 @@ def test_a_resumed_try_that_fails_before_its_body_frees_its_handoff(
     owner, other = runs
     flag.write_text("the resumed try of the first run fails in pre_execute")
     outside.release(unique_key, held)
-    fencing = _until(stack, "the trigger's acquisition", lambda: _holder(outside, unique_key), 60)
-    _until(stack, f"{owner} failed", lambda: _ti_state(stack, owner)[0] == "failed", 120)
+    fencing = until("the trigger's acquisition", lambda: _holder(outside, unique_key), 60, stack=stack)
+    until(f"{owner} failed", lambda: _ti_state(stack, owner)[0] == "failed", 120, stack=stack)
     took = _freed(outside, unique_key, fencing, time.monotonic())
     MEASURED["resumed try failed before its body"] = took
     assert took < BOUND, took

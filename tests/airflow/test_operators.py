@@ -17,7 +17,6 @@ from airflow_provider_volcano.operators.lock import (
     VolcanoLockOperator,
 )
 from airflow_provider_volcano.triggers.lock import VolcanoLockTrigger
-from volcano_locks import VolcanoLocks
 
 
 class _TI(SimpleNamespace):
@@ -28,13 +27,6 @@ class _TI(SimpleNamespace):
 def _context(task_id: str = "t", try_number: int = 1) -> dict[str, Any]:
     ti = _TI(dag_id="d", task_id=task_id, run_id="manual__x", map_index=-1, try_number=try_number, xcoms={})
     return {"ti": ti}
-
-
-@pytest.fixture
-def outside(volcano_conn):
-    """A core client holding locks from outside Airflow."""
-    with VolcanoLocks(volcano_conn.url, volcano_conn.anon_key, volcano_conn.service_key) as client:
-        yield client
 
 
 def _op(key: str, fn: Any = None, **kwargs: Any) -> VolcanoLockOperator:
@@ -93,18 +85,15 @@ def test_releases_when_the_callable_fails(volcano_conn, outside, unique_key) -> 
     assert outside.get(unique_key).held is False
 
 
-def test_skip_names_the_lock_and_the_holders_fencing_token(volcano_conn, outside, unique_key) -> None:
+@pytest.mark.parametrize(
+    ("on_contention", "raised"), [("skip", AirflowSkipException), ("fail", VolcanoLockContended)]
+)
+def test_skip_and_fail_name_the_lock_and_the_holders_fencing_token(
+    volcano_conn, outside, unique_key, on_contention: str, raised: type[Exception]
+) -> None:
     held = outside.acquire(unique_key, 30)
-    with pytest.raises(AirflowSkipException) as info:
-        _op(unique_key, on_contention="skip").execute(_context())
-    assert unique_key in str(info.value) and f"fencing token {held.fencing_token}" in str(info.value)
-    outside.release(unique_key, held)
-
-
-def test_fail_names_the_lock_and_the_holders_fencing_token(volcano_conn, outside, unique_key) -> None:
-    held = outside.acquire(unique_key, 30)
-    with pytest.raises(VolcanoLockContended) as info:
-        _op(unique_key, on_contention="fail").execute(_context())
+    with pytest.raises(raised) as info:
+        _op(unique_key, on_contention=on_contention).execute(_context())
     assert unique_key in str(info.value) and f"fencing token {held.fencing_token}" in str(info.value)
     outside.release(unique_key, held)
 

@@ -17,7 +17,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -34,12 +33,6 @@ TRIGGERER = Path(__file__).with_name("trigger_fleet_proc.py")
 WAITER = REPO / "tests" / "e2e" / "fleet_waiter.py"
 PROCESSES, KEYS, LINE = 6, 10, 20
 RUN_FOR = 310.0  # over five minutes
-
-
-@pytest.fixture
-def quota_server(tmp_path: Path) -> Iterator[LocalServer]:
-    with LocalServer(db=str(tmp_path / "project.sqlite3"), admin=True, quota=600) as srv:
-        yield srv
 
 
 def _collect(stream: IO[str], into: list[dict[str, Any]]) -> threading.Thread:

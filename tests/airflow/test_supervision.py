@@ -14,23 +14,14 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from volcano_locks import VolcanoLocks
 
 pytestmark = pytest.mark.slow
 
 CHILD = Path(__file__).with_name("supervised_task.py")
 LOG = Path("dag_id=supervised/run_id=manual__1/task_id=hold/attempt=1.log")
-
-
-@pytest.fixture
-def outside(volcano_conn) -> Iterator[VolcanoLocks]:
-    with VolcanoLocks(volcano_conn.url, volcano_conn.anon_key, volcano_conn.service_key) as client:
-        yield client
 
 
 def _start(tmp_path: Path, key: str, mode: str) -> tuple[subprocess.Popen[bytes], Path]:

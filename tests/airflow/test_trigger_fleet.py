@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -28,10 +26,12 @@ TRIGGERS = 200
 
 
 @pytest.fixture
-def quota_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalServer]:
-    with LocalServer(db=str(tmp_path / "triggers.sqlite3"), admin=True, quota=600) as srv:
-        monkeypatch.setenv("AIRFLOW_CONN_VOLCANO_DEFAULT", volcano_conn_json(srv.url, srv.service_key))
-        yield srv
+def quota_server(quota_server: LocalServer, monkeypatch: pytest.MonkeyPatch) -> LocalServer:
+    """The root fixture's server at the real quota, which this module's Airflow connection points at."""
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_VOLCANO_DEFAULT", volcano_conn_json(quota_server.url, quota_server.service_key)
+    )
+    return quota_server
 
 
 async def _first_event(trigger: VolcanoLockTrigger) -> dict[str, object]:

@@ -45,10 +45,7 @@ import asyncio  # noqa: E402
 import hashlib  # noqa: E402
 import time  # noqa: E402
 
-import pytest  # noqa: E402
-
 from airflow_provider_volcano._tokens import derive_token  # noqa: E402
-from volcano_locks import VolcanoLocks  # noqa: E402
 
 NONCE = new_nonce()
 
@@ -64,12 +61,6 @@ async def _first_event(trigger: VolcanoLockTrigger) -> dict[str, object]:
     async for event in trigger.run():
         return dict(event.payload)
     raise AssertionError("no event")
-
-
-@pytest.fixture
-def outside(volcano_conn):
-    with VolcanoLocks(volcano_conn.url, volcano_conn.anon_key, volcano_conn.service_key) as client:
-        yield client
 
 
 async def test_waiting_triggers_share_one_poller_and_one_release_wakes_one(

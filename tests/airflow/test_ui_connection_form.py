@@ -10,11 +10,8 @@ otherwise it goes to the test's tmp_path, so a test run leaves the working tree 
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,20 +19,12 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.airflow.helpers import Stack, free_port
+from tests.airflow.helpers import CHROMIUM, Stack, browser_or_skip, free_port, users_env
 
-CHROMIUM = Path(os.environ.get("VOLCANO_TEST_CHROMIUM", "/usr/bin/chromium"))
 SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "images" / "airflow-volcano-connection-form.png"
 USER, PASSWORD = "admin", "volcano-ui-test-password"
 
-sync_api = pytest.importorskip(
-    "playwright.sync_api", reason="the playwright package is not installed (test dependency group)"
-)
-if not CHROMIUM.is_file():
-    pytest.skip(
-        f"no browser at {CHROMIUM} (install Debian's chromium or set VOLCANO_TEST_CHROMIUM)",
-        allow_module_level=True,
-    )
+sync_api = browser_or_skip()
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +33,6 @@ def ui_url(airflow_db: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     home = tmp_path_factory.mktemp("airflow-ui-home")
     shutil.copy(airflow_db / "airflow.pristine.db", home / "airflow.db")
     shutil.copy(airflow_db / "airflow.cfg", home / "airflow.cfg")
-    (home / "passwords.json").write_text(json.dumps({USER: PASSWORD}))
     port = free_port()
     env = {
         **os.environ,
@@ -53,25 +41,15 @@ def ui_url(airflow_db: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
         "AIRFLOW__API__PORT": str(port),
         "AIRFLOW__CORE__TEST_CONNECTION": "Enabled",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{USER}:admin",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json"),
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
+        **users_env(home, {USER: ("admin", PASSWORD)}),
     }
     env.pop("AIRFLOW_CONN_VOLCANO_DEFAULT", None)
     stack = Stack(home, env)
-    url = f"http://127.0.0.1:{port}"
+    stack.url = f"http://127.0.0.1:{port}"
     try:
         stack.start("api-server", "api-server", "-H", "127.0.0.1", "-p", str(port), "-w", "1")
-        deadline = time.monotonic() + 180
-        while True:
-            stack.alive()
-            try:
-                with urllib.request.urlopen(f"{url}/api/v2/monitor/health", timeout=5):
-                    break
-            except OSError:
-                assert time.monotonic() < deadline, "the api-server never answered"
-                time.sleep(1)
-        yield url
+        stack.wait_for_api()
+        yield stack.url
     finally:
         stack.stop()
 

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,22 +23,13 @@ from typing import Any
 
 import pytest
 
-from tests.airflow.helpers import Stack, running_stack, volcano_conn_json
+from tests.airflow.helpers import CHROMIUM, STACK_DAGS, Stack, VolcanoConn, browser_or_skip, dag_stack, until
 from volcano_locks import VolcanoLocks
 
-CHROMIUM = Path(os.environ.get("VOLCANO_TEST_CHROMIUM", "/usr/bin/chromium"))
-STACK_DAGS = Path(__file__).resolve().parent / "stack_dags"
 IMAGES = Path(__file__).resolve().parents[2] / "providers" / "volcano" / "docs" / "images"
 USERS = {"admin": "volcano-board-admin", "viewer": "volcano-board-viewer"}
 
-sync_api = pytest.importorskip(
-    "playwright.sync_api", reason="the playwright package is not installed (test dependency group)"
-)
-if not CHROMIUM.is_file():
-    pytest.skip(
-        f"no browser at {CHROMIUM} (install Debian's chromium or set VOLCANO_TEST_CHROMIUM)",
-        allow_module_level=True,
-    )
+sync_api = browser_or_skip()
 
 
 @pytest.fixture(scope="module")
@@ -49,44 +38,22 @@ def board_key() -> str:
 
 
 @pytest.fixture(scope="module")
-def stack(
-    airflow_db: Path, volcano_server, volcano_keys, board_key: str, tmp_path_factory
-) -> Iterator[Stack]:  # type: ignore[no-untyped-def]
-    service_key, anon_key = volcano_keys
-    root = tmp_path_factory.mktemp("board")
-    dags = root / "dags"
-    dags.mkdir()
-    shutil.copy(STACK_DAGS / "volcano_board_dags.py", dags)
-    (root / "passwords.json").write_text(json.dumps(USERS))
+def stack(airflow_db: Path, session_conn: VolcanoConn, board_key: str, tmp_path_factory) -> Iterator[Stack]:  # type: ignore[no-untyped-def]
     extra = {
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin,viewer:viewer",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(root / "passwords.json"),
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
         "VOLCANO_BOARD_KEY": board_key,
         # Airflow loads provider plugins only when it discovers providers eagerly (3.3: lazy by default).
         "AIRFLOW__CORE__LAZY_DISCOVER_PROVIDERS": "False",
     }
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(
-            "AIRFLOW_CONN_VOLCANO_DEFAULT",
-            volcano_conn_json(volcano_server.url, service_key, anon_key=anon_key),
-        )
-        with running_stack(airflow_db, root, dags, apps="all", extra_env=extra) as s:
-            s.wait_for_api()
-            for dag_id in ("board_holder", "board_waiter_deferred", "board_waiter_slot"):
-                s.unpause_when_parsed(dag_id, timeout=180)
-            yield s
-
-
-def _until(stack: Stack, what: str, check, timeout: float = 180.0):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while True:
-        stack.alive()
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.5)
+    with dag_stack(
+        airflow_db,
+        session_conn,
+        tmp_path_factory.mktemp("board"),
+        [STACK_DAGS / "volcano_board_dags.py"],
+        ["board_holder", "board_waiter_deferred", "board_waiter_slot"],
+        users={user: (user, password) for user, password in USERS.items()},  # each user's role is its name
+        extra_env=extra,
+    ) as s:
+        yield s
 
 
 def _state(stack: Stack, dag_id: str) -> str | None:
@@ -141,20 +108,20 @@ def test_board_shows_holder_and_waiters_and_force_release_is_guarded(
 ) -> None:
     holder_run = "board__holder"
     stack.cli("dags", "trigger", "board_holder", "--run-id", holder_run)
-    _until(
-        stack,
+    until(
         "the holder's record",
         lambda: stack.query("SELECT 1 FROM variable WHERE key = ?", f"volcano_lock_holder:{board_key}"),
+        stack=stack,
     )
     stack.cli("dags", "trigger", "board_waiter_deferred", "--run-id", "board__first")
-    _until(stack, "the deferred waiter", lambda: _state(stack, "board_waiter_deferred") == "deferred")
+    until("the deferred waiter", lambda: _state(stack, "board_waiter_deferred") == "deferred", stack=stack)
     stack.cli("dags", "trigger", "board_waiter_slot", "--run-id", "board__second")
-    _until(
-        stack,
+    until(
         "the in-slot waiter's marker",
         lambda: stack.query(
             "SELECT 1 FROM xcom WHERE dag_id = 'board_waiter_slot' AND key = 'volcano_waiting'"
         ),
+        stack=stack,
     )
     with VolcanoLocks(volcano_server.url, service_key=volcano_server.service_key) as outside:
         held = outside.get(board_key)
@@ -208,11 +175,11 @@ def test_board_shows_holder_and_waiters_and_force_release_is_guarded(
         finally:
             browser.close()
 
-    _until(stack, "the holder's failure", lambda: _state(stack, "board_holder") == "failed", 90)
+    until("the holder's failure", lambda: _state(stack, "board_holder") == "failed", 90, stack=stack)
     log = stack.logs(holder_run)
     assert "it was force-released by admin" in log, log[-3000:]
     for dag_id in ("board_waiter_deferred", "board_waiter_slot"):
-        _until(stack, f"{dag_id} to run", lambda d=dag_id: _state(stack, d) == "success", 120)
+        until(f"{dag_id} to run", lambda d=dag_id: _state(stack, d) == "success", 120, stack=stack)
     # Each waiter's log named the holder try (its provenance record), not just its fencing token.
     named = f"held by board_holder / {holder_run} / hold try 1 on "
     for run_id in ("board__first", "board__second"):

@@ -25,6 +25,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -127,40 +128,42 @@ def main(argv: list[str] | None = None) -> int:
             bodies.append(rec)
         return rec
 
-    @locked_task("{key}", ttl=TTL, on_contention="wait", wait_timeout=60)
-    @task
-    def sync_job(key: str) -> int:
-        rec = body_record(key, "sync")
+    @contextlib.contextmanager
+    def job_body(key: str, kind: str) -> Iterator[tuple[dict[str, Any], Callable[[], None]]]:
+        """One job's body record and its fenced write (counted in the record); the store closed after."""
+        rec = body_record(key, kind)
         store = open_store(store_path, tables[key], lock_key=key)
+
+        def write() -> None:
+            if store.write(rec["fencing_token"], kind, writer=key, cs=0):
+                rec["writes"] += 1
+            else:
+                rec["rejected"] += 1
+
         try:
-            end = time.monotonic() + BODY_SECONDS
-            while time.monotonic() < end:
-                time.sleep(0.25)
-                if store.write(rec["fencing_token"], "sync", writer=key, cs=0):
-                    rec["writes"] += 1
-                else:
-                    rec["rejected"] += 1
+            yield rec, write
         finally:
             store.close()
         rec["finished"] = True
+
+    @locked_task("{key}", ttl=TTL, on_contention="wait", wait_timeout=60)
+    @task
+    def sync_job(key: str) -> int:
+        with job_body(key, "sync") as (rec, write):
+            end = time.monotonic() + BODY_SECONDS
+            while time.monotonic() < end:
+                time.sleep(0.25)
+                write()
         return int(rec["fencing_token"])
 
     @locked_task("{key}", ttl=TTL, on_contention="wait", wait_timeout=60)
     @task
     async def async_job(key: str) -> int:
-        rec = body_record(key, "async")
-        store = open_store(store_path, tables[key], lock_key=key)
-        try:
+        with job_body(key, "async") as (rec, write):
             end = time.monotonic() + BODY_SECONDS
             while time.monotonic() < end:
                 await asyncio.sleep(0.25)
-                if store.write(rec["fencing_token"], "async", writer=key, cs=0):
-                    rec["writes"] += 1
-                else:
-                    rec["rejected"] += 1
-        finally:
-            store.close()
-        rec["finished"] = True
+                write()
         return int(rec["fencing_token"])
 
     @flow(name="volcano-chaos-prefect")

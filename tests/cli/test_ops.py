@@ -5,14 +5,25 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.cli.helpers import run_cli
-from volcano_locks import VolcanoLocks
+from volcano_locks import LockLease, VolcanoLocks
 from volcano_locks.server.auth import mint_key
 from volcano_locks.server.harness import LocalServer
+
+
+@pytest.fixture
+def held(volcano_client: VolcanoLocks, unique_key: str) -> Iterator[LockLease]:
+    """``unique_key`` held by ``volcano_client`` (TTL 60 s) for the test; released after, unless freed."""
+    lease = volcano_client.acquire(unique_key, 60)
+    yield lease
+    state = volcano_client.get(unique_key)
+    if state.held and state.fencing_token == lease.fencing_token:
+        volcano_client.release(unique_key, lease)
 
 
 def assert_no_secret(result: subprocess.CompletedProcess[str], *secrets: str) -> None:
@@ -27,49 +38,42 @@ def test_get_free_lock(volcano_server: LocalServer, unique_key: str) -> None:
 
 
 def test_get_held_lock_shows_token_and_countdown(
-    volcano_server: LocalServer, volcano_client: VolcanoLocks, unique_key: str
+    volcano_server: LocalServer, held: LockLease, unique_key: str
 ) -> None:
-    lease = volcano_client.acquire(unique_key, 60)
-    try:
-        result = run_cli("get", unique_key, env=volcano_server.env())
-        assert result.returncode == 0, result.stderr
-        assert f"{unique_key}: held" in result.stdout
-        assert f"fencing token  {lease.fencing_token}" in result.stdout
-        assert "(in " in result.stdout and " s)" in result.stdout
-        assert_no_secret(result, lease.token, volcano_server.service_key)
+    result = run_cli("get", unique_key, env=volcano_server.env())
+    assert result.returncode == 0, result.stderr
+    assert f"{unique_key}: held" in result.stdout
+    assert f"fencing token  {held.fencing_token}" in result.stdout
+    assert "(in " in result.stdout and " s)" in result.stdout
+    assert_no_secret(result, held.token, volcano_server.service_key)
 
-        as_json = run_cli("get", unique_key, "--json", env=volcano_server.env())
-        body = json.loads(as_json.stdout)
-        assert body["held"] is True and body["fencing_token"] == lease.fencing_token
-        assert body["key"] == unique_key and body["expires_at"].startswith(str(lease.expires_at.year))
-    finally:
-        volcano_client.release(unique_key, lease)
+    as_json = run_cli("get", unique_key, "--json", env=volcano_server.env())
+    body = json.loads(as_json.stdout)
+    assert body["held"] is True and body["fencing_token"] == held.fencing_token
+    assert body["key"] == unique_key and body["expires_at"].startswith(str(held.expires_at.year))
 
 
 def test_force_release_with_yes_frees_the_lock_and_warns(
-    volcano_server: LocalServer, volcano_client: VolcanoLocks, unique_key: str
+    volcano_server: LocalServer, volcano_client: VolcanoLocks, held: LockLease, unique_key: str
 ) -> None:
-    lease = volcano_client.acquire(unique_key, 60)
     result = run_cli("force-release", unique_key, "--yes", env=volcano_server.env())
     assert result.returncode == 0, result.stderr
     assert "fencing tokens" in result.stderr  # the safety warning is always printed
     assert volcano_client.get(unique_key).held is False
-    assert_no_secret(result, lease.token, volcano_server.service_key)
+    assert_no_secret(result, held.token, volcano_server.service_key)
 
 
+@pytest.mark.usefixtures("held")
 def test_force_release_without_terminal_or_yes_changes_nothing(
     volcano_server: LocalServer, volcano_client: VolcanoLocks, unique_key: str
 ) -> None:
-    lease = volcano_client.acquire(unique_key, 60)
-    try:
-        result = run_cli("force-release", unique_key, env=volcano_server.env())
-        assert result.returncode == 1
-        assert "--yes" in result.stderr
-        assert volcano_client.get(unique_key).held is True
-    finally:
-        volcano_client.release(unique_key, lease)
+    result = run_cli("force-release", unique_key, env=volcano_server.env())
+    assert result.returncode == 1
+    assert "--yes" in result.stderr
+    assert volcano_client.get(unique_key).held is True
 
 
+@pytest.mark.usefixtures("held")
 @pytest.mark.parametrize(("answer", "released"), [("wrong-key", False), (None, True)])
 def test_force_release_confirmation_on_a_terminal(
     volcano_server: LocalServer,
@@ -78,7 +82,6 @@ def test_force_release_confirmation_on_a_terminal(
     answer: str | None,
     released: bool,
 ) -> None:
-    lease = volcano_client.acquire(unique_key, 60)
     master, slave = os.openpty()
     try:
         os.write(master, f"{answer or unique_key}\n".encode())
@@ -88,8 +91,6 @@ def test_force_release_confirmation_on_a_terminal(
     finally:
         os.close(master)
         os.close(slave)
-        if not released:
-            volcano_client.release(unique_key, lease)
 
 
 def test_missing_settings_are_usage_errors(volcano_server: LocalServer) -> None:

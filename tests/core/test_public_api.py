@@ -1,7 +1,9 @@
 """The public surface: ``__all__`` sorted and complete, and the Volcano SDK's front door.
 
-The SDK snippets below are copied verbatim from Volcano's Python SDK guide
-(``shared/seeds/004_6c6ef96458208e8a.txt``); only the import line is changed, which is the promise.
+The SDK snippets below are copied verbatim from Volcano's Python SDK guide; only the import line is
+changed, which is the promise. The guide is kept in the repository (``sdk_guide/python.txt``, a verbatim
+copy of the source document ``seeds/004_6c6ef96458208e8a.txt`` the project was created from), so the
+check that the snippets are its own words runs wherever the suite runs.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import pytest
 import volcano_locks
 from volcano_locks.server.harness import LocalServer
 
-SEED = Path(__file__).resolve().parents[3] / "shared" / "seeds" / "004_6c6ef96458208e8a.txt"
+GUIDE = Path(__file__).with_name("sdk_guide") / "python.txt"
 
 SNIPPETS = [
     """import os
@@ -99,11 +101,9 @@ def sdk_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalSe
 def test_the_sdk_snippets_run_with_only_the_import_changed(
     sdk_env: LocalServer, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    if SEED.exists():  # the copies above are the guide's own words
-        guide = SEED.read_text()
-        for snippet in SNIPPETS:
-            for line in snippet.strip().splitlines():
-                assert line.strip() in guide, line
+    guide = GUIDE.read_text(encoding="utf-8")
+    for snippet in SNIPPETS:  # the copies above are the guide's own words, each one block of it
+        assert snippet.strip() in guide, snippet
     namespace: dict[str, object] = {}
     for snippet in SNIPPETS:
         code = snippet.replace(

@@ -14,11 +14,24 @@ import asyncio
 import json
 import time
 
-from volcano_locks import AsyncVolcanoLocks, VolcanoLocks, WaitTimeout
+from volcano_locks import AsyncVolcanoLocks, LockLease, VolcanoLocks, WaitTimeout
 
 
 def _report(**fields: object) -> None:
     print(json.dumps(fields), flush=True)
+
+
+def _report_held(
+    key: str, started: float, acquired: float, released: float, lease: LockLease, **more: object
+) -> None:
+    _report(
+        key=key,
+        started=started,
+        acquired=acquired,
+        released=released,
+        fencing_token=lease.fencing_token,
+        **more,
+    )
 
 
 def _one(key: str, ttl: int, hold: float, timeout: float) -> None:
@@ -29,14 +42,7 @@ def _one(key: str, ttl: int, hold: float, timeout: float) -> None:
         time.sleep(hold)
         released = time.time()
         client.release(key, lease)
-        _report(
-            key=key,
-            started=started,
-            acquired=acquired,
-            released=released,
-            fencing_token=lease.fencing_token,
-            requests=client.requests_sent,
-        )
+        _report_held(key, started, acquired, released, lease, requests=client.requests_sent)
 
 
 async def _many(keys: list[str], ttl: int, hold: float, timeout: float) -> None:
@@ -53,13 +59,7 @@ async def _many(keys: list[str], ttl: int, hold: float, timeout: float) -> None:
             await asyncio.sleep(hold)
             released = time.time()
             await client.release(key, lease)
-            _report(
-                key=key,
-                started=started,
-                acquired=acquired,
-                released=released,
-                fencing_token=lease.fencing_token,
-            )
+            _report_held(key, started, acquired, released, lease)
 
         await asyncio.gather(*(wait(k) for k in keys))
 

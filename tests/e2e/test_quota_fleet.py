@@ -14,7 +14,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -28,13 +27,6 @@ pytestmark = pytest.mark.slow
 
 WAITER = Path(__file__).with_name("fleet_waiter.py")
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def quota_server(tmp_path: Path) -> Iterator[LocalServer]:
-    """A server of its own at the contract's quota of 600 requests a minute, with a request log."""
-    with LocalServer(db=str(tmp_path / "fleet.sqlite3"), admin=True, quota=600) as srv:
-        yield srv
 
 
 def test_five_holders_keep_their_locks_while_the_same_process_waits_on_thirty_keys(

@@ -45,7 +45,7 @@ from prefect_volcano import (
 )
 from prefect_volcano._board import LockBoard, RunFacts
 from prefect_volcano._report import LossReport
-from tests.prefect.test_events import assert_no_secret, lock_events, related_ids
+from tests.prefect.helpers import assert_no_secret, lock_events, related_ids, token_flow
 from volcano_locks import ErrorCode, LeaseFacts, LockLease, OwnershipLost, VolcanoLocks
 
 pytestmark = pytest.mark.usefixtures("volcano_env")
@@ -212,16 +212,7 @@ def test_a_sigkilled_holder_leaves_a_lapsed_event_naming_its_token_and_flow_run(
             holder.wait(30)
     assert holder.returncode == -signal.SIGKILL
 
-    @locked_task(unique_key, ttl=10, wait_timeout=60)
-    @task
-    def next_one() -> int:
-        return current_lease().fencing_token
-
-    @flow
-    def successor() -> int:
-        return next_one()
-
-    ours = successor()
+    ours = token_flow(unique_key, ttl=10, wait_timeout=60)()  # the successor
     assert ours > int(token)
     events = lock_events(unique_key, ["lapsed", "acquired"])
     (lapsed,) = [e for e in events if e.event == "volcano.lock.lapsed"]

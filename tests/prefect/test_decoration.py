@@ -1,4 +1,4 @@
-"""locked_task's own arguments are checked when the decorator is applied, before any run."""
+"""locked_task's own arguments are checked when the decorator is applied; what cannot be then, at run time."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import pytest
 from prefect import flow, task
 
 from prefect_volcano import VolcanoCredentials, current_lease, locked_flow, locked_task
+from tests.prefect.helpers import assert_failed_with
 from volcano_locks import InvalidRequest, validate_key, validate_ttl, validate_wait_timeout
 
 
@@ -108,11 +109,27 @@ def test_template_must_name_parameters_of_the_function() -> None:
         decorator(task(body))
 
 
-def test_template_with_kwargs_function_is_checked_at_run_time() -> None:
-    def anything(**kwargs: Any) -> None:
-        return None
+@pytest.mark.usefixtures("volcano_env")
+def test_template_with_kwargs_function_is_checked_at_run_time(unique_key: str) -> None:
+    # Any name may arrive through **kwargs, so applying the decorator checks nothing: each run renders
+    # the key from the call's keyword arguments, and a call without the name fails that run, naming it.
+    @task
+    @locked_task(unique_key + "-{region}")
+    def anything(**kwargs: Any) -> str:
+        return current_lease().lock_key
 
-    locked_task("rollup:{region}")(anything)
+    states: list[Any] = []
+
+    @flow
+    def f() -> str:
+        states.append(anything(day="2026-11-29", return_state=True))
+        return anything(region="eu", day="2026-11-29")
+
+    assert f() == f"{unique_key}-eu"
+    (missing,) = states
+    assert_failed_with(
+        missing, InvalidRequest, r"^key template '.*-\{region\}' cannot be rendered: KeyError\('region'\)$"
+    )
 
 
 def test_template_attribute_and_index_access_is_allowed() -> None:

@@ -2,87 +2,36 @@
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from typing import Any
 
 import pytest
 from prefect import flow, task
-from prefect.client.orchestration import get_client
-from prefect.events import Event
-from prefect.events.filters import EventFilter, EventResourceFilter
-from prefect.events.worker import EventsWorker
 from prefect.states import State
 
 from prefect_volcano import (
     SKIPPED_STATE_NAME,
     VolcanoCredentials,
-    current_lease,
-    lock_resource_id,
     locked_task,
+)
+from tests.prefect.helpers import (
+    assert_no_secret,
+    collecting_flow,
+    force_release_when,
+    lock_events,
+    related_ids,
+    token_task,
 )
 from volcano_locks import OwnershipLost, VolcanoLocks
 
 pytestmark = pytest.mark.usefixtures("volcano_env")
 
-PUBLIC_PAYLOAD = {
-    "fencing_token",
-    "ttl",
-    "expires_at",
-    "holder_fencing_token",
-    "reason",
-    "code",
-    "force_released",
-    *(
-        f"previous_{fact}"
-        for fact in ("fencing_token", "flow_run_id", "flow_run_name", "task_run_id", "expires_at")
-    ),
-    "how",
-}
-
-
-def lock_events(key: str, names: list[str], timeout: float = 30.0) -> list[Event]:
-    """The events of lock `key`, oldest first, once every name in `names` has arrived (bounded wait)."""
-    EventsWorker.drain_all(timeout=10)
-    deadline = time.monotonic() + timeout
-    with get_client(sync_client=True) as client:
-        while True:
-            page = client.read_events(
-                EventFilter(resource=EventResourceFilter(id=[lock_resource_id(key)])), limit=50
-            )
-            events = sorted(page.events, key=lambda e: e.occurred)
-            seen = [e.event for e in events]
-            if all(f"volcano.lock.{n}" in seen for n in names) or time.monotonic() > deadline:
-                return events
-            time.sleep(0.25)
-
-
-def related_ids(event: Event, role: str) -> list[str]:
-    return [r.id for r in event.related if r.role == role]
-
-
-def assert_no_secret(events: list[Event], credentials: VolcanoCredentials) -> None:
-    text = json.dumps([e.model_dump(mode="json") for e in events])
-    assert credentials.service_key.get_secret_value() not in text
-    assert credentials.anon_key is not None and credentials.anon_key.get_secret_value() not in text
-    for event in events:
-        assert set(event.payload) <= PUBLIC_PAYLOAD, event.payload
-
 
 def test_acquired_released_and_skipped_events_name_the_lock_and_the_runs(
     unique_key: str, credentials: VolcanoCredentials
 ) -> None:
-    @task
-    @locked_task(unique_key, on_contention="skip")
-    def leader() -> int:
-        return current_lease().fencing_token
-
-    states: list[State[Any]] = []
-
-    @flow
-    def f() -> None:
-        states.append(leader(return_state=True))
+    f, states = collecting_flow(token_task(unique_key, on_contention="skip"))
 
     f()
     with VolcanoLocks() as holder, holder.with_lock(unique_key, 10) as held:
@@ -131,17 +80,11 @@ def test_waiting_and_lost_events(unique_key: str, credentials: VolcanoCredential
     def f() -> None:
         states.append(job(return_state=True))
 
-    def breaker() -> None:
-        if started.wait(30):
-            with VolcanoLocks() as admin:
-                admin.force_release(unique_key)
-
     with VolcanoLocks() as holder:
         lease = holder.acquire(unique_key, 10)
         timer = threading.Timer(1.5, holder.release, args=(unique_key, lease))
         timer.start()
-        thread = threading.Thread(target=breaker, daemon=True)
-        thread.start()
+        thread = force_release_when(started, unique_key)
         f()
         timer.join()
         thread.join()

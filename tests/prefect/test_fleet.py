@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from prefect import flow, task
@@ -22,12 +20,6 @@ from volcano_locks.server.harness import LocalServer
 pytestmark = pytest.mark.slow
 
 KEYS = 50
-
-
-@pytest.fixture
-def quota_server(tmp_path: Path) -> Iterator[LocalServer]:
-    with LocalServer(db=str(tmp_path / "prefect-fleet.sqlite3"), admin=True, quota=600) as srv:
-        yield srv
 
 
 def test_fifty_mapped_locked_tasks_wait_without_costing_the_holders(

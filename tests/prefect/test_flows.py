@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from prefect_volcano import SKIPPED_STATE_NAME, LockedResult
-from tests.prefect.helpers import FLOWS_DIR, load_flow_module
+from tests.prefect.helpers import FLOWS_DIR, assert_failed_with, load_flow_module
 from volcano_locks import VolcanoLocks
 from volcano_locks.fencing import FencedTable, StaleFencingToken
 
@@ -75,9 +75,7 @@ def _fenced_pipeline_checks(module: Any, resource: str, table: str) -> None:
     newer = second["fencing_token"] + 10**9
     fenced.write_or_raise(resource, f"pipeline:{resource}", newer, "from a newer lease")
     state = module.fenced_pipeline(resource, table=table, return_state=True)
-    assert state.is_failed()
-    with pytest.raises(StaleFencingToken, match="rejected"):
-        state.result()
+    assert_failed_with(state, StaleFencingToken, "rejected")
     stored = fenced.read(resource)
     assert stored is not None and (stored.fencing_token, stored.value) == (newer, "from a newer lease")
     # Two runs and the newer writer landed; every attempt of the third run (the task retries) was refused.
@@ -138,7 +136,5 @@ def test_fenced_lake_publishes_to_the_warehouse_and_the_lake_under_one_lease(
     # A newer holder of the day's lock publishes to both stores; this lease is now the stale one.
     newer = stores.overtake(day, second["fencing_token"] + 10**9)
     state = module.fenced_lake(day, return_state=True)
-    assert state.is_failed()
-    with pytest.raises(StaleFencingToken, match=f"sales:{day}"):
-        state.result()
+    assert_failed_with(state, StaleFencingToken, f"sales:{day}")
     assert stores.stored(day) == ({newer.fencing_token}, newer.fencing_token)  # nothing of the refused run

@@ -22,6 +22,14 @@ from prefect_volcano import (
     is_skipped,
     locked_task,
 )
+from tests.prefect.helpers import (
+    assert_failed_with,
+    collecting_flow,
+    force_release_when,
+    run_logs,
+    token_flow,
+    token_task,
+)
 from volcano_locks import InvalidRequest, LeaseFacts, LockContention, OwnershipLost, VolcanoLocks, WaitTimeout
 
 pytestmark = pytest.mark.usefixtures("volcano_env")
@@ -30,19 +38,6 @@ pytestmark = pytest.mark.usefixtures("volcano_env")
 def lock_state(key: str) -> Any:
     with VolcanoLocks() as client:
         return client.get(key)
-
-
-def run_logs(state: State[Any]) -> str:
-    """The log messages of the flow run a task state belongs to, read back from the Prefect API."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
-    from prefect.logging.handlers import APILogWorker
-
-    APILogWorker.drain_all(timeout=10)
-    with get_client(sync_client=True) as client:
-        flow_run_id = client.read_task_run(state.state_details.task_run_id).flow_run_id
-        logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
-    return "\n".join(log.message for log in logs)
 
 
 # ------------------------------------------------------------------------------------------- basics
@@ -140,11 +135,9 @@ def test_callable_key_and_bad_rendered_keys(unique_key: str) -> None:
 
     key, bad = f(), states[0]
     assert key == f"{unique_key}-42"
-    assert bad.is_failed()
-    with pytest.raises(
-        InvalidRequest, match=r"^invalid lock key 'not a valid key': .* \(rendered from key '\{name\}'\)$"
-    ):
-        bad.result()
+    assert_failed_with(
+        bad, InvalidRequest, r"^invalid lock key 'not a valid key': .* \(rendered from key '\{name\}'\)$"
+    )
 
 
 def test_submit_and_map_take_one_lease_per_run(unique_key: str) -> None:
@@ -257,46 +250,23 @@ def test_skip_in_async_task(unique_key: str, tmp_path: Path) -> None:
 
 
 def test_fail_policy_fails_the_task_not_the_flow(unique_key: str) -> None:
-    @task
-    @locked_task(unique_key, on_contention="fail")
-    def exclusive() -> str:
-        return "ran"
-
-    states: list[State[Any]] = []
-
-    @flow
-    def f() -> str:
-        states.append(exclusive(return_state=True))
-        return "flow went on"
+    f, states = collecting_flow(token_task(unique_key, on_contention="fail"))
 
     with VolcanoLocks() as holder, holder.with_lock(unique_key, 10):
         assert f() == "flow went on"
     state = states[0]
-    assert state.is_failed()
-    with pytest.raises(
-        LockContention, match=f"lock '{unique_key}' is held by another run and on_contention='fail'"
-    ):
-        state.result()
+    assert_failed_with(
+        state, LockContention, f"lock '{unique_key}' is held by another run and on_contention='fail'"
+    )
 
 
 def test_wait_times_out_with_a_clear_failure(unique_key: str) -> None:
-    @task
-    @locked_task(unique_key, wait_timeout=0.5)
-    def patient() -> str:
-        return "ran"
-
-    states: list[State[Any]] = []
-
-    @flow
-    def f() -> None:
-        states.append(patient(return_state=True))
+    f, states = collecting_flow(token_task(unique_key, wait_timeout=0.5))
 
     with VolcanoLocks() as holder, holder.with_lock(unique_key, 10):
         f()
     state = states[0]
-    assert state.is_failed()
-    with pytest.raises(WaitTimeout):
-        state.result()
+    assert_failed_with(state, WaitTimeout)
     assert "Gave up waiting for lock" in run_logs(state)
 
 
@@ -322,17 +292,6 @@ def test_wait_acquires_once_the_holder_releases(unique_key: str) -> None:
 # ------------------------------------------------------------------------------------ ownership loss
 
 
-def _force_release_when(started: threading.Event, key: str) -> threading.Thread:
-    def breaker() -> None:
-        if started.wait(30):
-            with VolcanoLocks() as admin:
-                admin.force_release(key)
-
-    thread = threading.Thread(target=breaker, daemon=True)
-    thread.start()
-    return thread
-
-
 def test_force_release_fails_the_sync_task_and_names_the_loss(unique_key: str) -> None:
     started = threading.Event()
     finished: list[bool] = []
@@ -347,14 +306,8 @@ def test_force_release_fails_the_sync_task_and_names_the_loss(unique_key: str) -
         finished.append(True)
         return "should never complete"
 
-    states: list[State[Any]] = []
-
-    @flow
-    def f() -> str:
-        states.append(long_job(return_state=True))
-        return "flow went on"
-
-    breaker = _force_release_when(started, unique_key)
+    f, states = collecting_flow(long_job)
+    breaker = force_release_when(started, unique_key)
     after = f()
     state = states[0]
     breaker.join()
@@ -387,7 +340,7 @@ def test_force_release_cancels_the_async_task(unique_key: str, tmp_path: Path) -
         states.append(await long_job(return_state=True))
         return "flow went on"
 
-    breaker = _force_release_when(started, unique_key)
+    breaker = force_release_when(started, unique_key)
     assert asyncio.run(f()) == "flow went on"
     state = states[0]
     breaker.join()
@@ -416,7 +369,7 @@ def test_loss_is_retriable_and_the_retry_gets_a_newer_lease(unique_key: str) -> 
     def f() -> LockedResult[str]:
         return job()
 
-    breaker = _force_release_when(started, unique_key)
+    breaker = force_release_when(started, unique_key)
     out = f()
     breaker.join()
     assert out.value == "second attempt"
@@ -475,9 +428,7 @@ def test_missing_environment_fails_with_the_setting_named(
 
     f()
     state = states[0]
-    assert state.is_failed()
-    with pytest.raises(InvalidRequest, match="VOLCANO_SERVICE_KEY"):
-        state.result()
+    assert_failed_with(state, InvalidRequest, "VOLCANO_SERVICE_KEY")
 
 
 def test_async_retries_map_and_caching(unique_key: str, tmp_path: Path) -> None:
@@ -539,15 +490,7 @@ def test_a_named_block_is_loaded_once_per_process(
     for var in ("VOLCANO_API_URL", "VOLCANO_SERVICE_KEY", "VOLCANO_ANON_KEY"):
         monkeypatch.delenv(var, raising=False)
 
-    @task
-    @locked_task(unique_key, credentials=name)
-    def job() -> int:
-        return current_lease().fencing_token
-
-    @flow
-    def f() -> int:
-        return job()
-
+    f = token_flow(unique_key, credentials=name)
     first = f()
     # Gone from the Prefect API: later runs in this process must not need it again.
     VolcanoCredentials.delete(name)
@@ -595,7 +538,7 @@ def test_the_loss_message_says_what_is_true(unique_key: str, retries: int, told:
     def f() -> None:
         states.append(job(return_state=True))
 
-    breaker = _force_release_when(started, unique_key)
+    breaker = force_release_when(started, unique_key)
     f()
     breaker.join()
     logs = run_logs(states[0])
@@ -607,16 +550,7 @@ def test_the_loss_message_says_what_is_true(unique_key: str, retries: int, told:
 
 
 def test_a_waiting_task_says_so(unique_key: str) -> None:
-    @task
-    @locked_task(unique_key, wait_timeout=30)
-    def patient() -> int:
-        return current_lease().fencing_token
-
-    states: list[State[Any]] = []
-
-    @flow
-    def f() -> None:
-        states.append(patient(return_state=True))
+    f, states = collecting_flow(token_task(unique_key, wait_timeout=30))
 
     with VolcanoLocks() as holder:
         lease = holder.acquire(unique_key, 10)

@@ -6,27 +6,15 @@ import asyncio
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 from prefect import flow, task
-from prefect.client.orchestration import get_client
-from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
-from prefect.logging.handlers import APILogWorker
-from prefect.states import State
 
 from prefect_volcano import SKIPPED_STATE_NAME, current_lease, locked_flow, locked_task
+from tests.prefect.helpers import assert_failed_with, force_release_when, run_logs
 from volcano_locks import LockContention, OwnershipLost, VolcanoLocks
 
 pytestmark = pytest.mark.usefixtures("volcano_env")
-
-
-def flow_logs(state: State[Any]) -> str:
-    APILogWorker.drain_all(timeout=10)
-    flow_run_id = state.state_details.flow_run_id
-    with get_client(sync_client=True) as client:
-        logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
-    return "\n".join(log.message for log in logs)
 
 
 def test_every_task_sees_the_flow_runs_lease_and_the_lock_is_free_after(unique_key: str) -> None:
@@ -73,9 +61,7 @@ def test_fail_policy_fails_the_flow_run(unique_key: str) -> None:
 
     with VolcanoLocks() as holder, holder.with_lock(unique_key, 10):
         state = f(return_state=True)
-    assert state.is_failed()
-    with pytest.raises(LockContention, match=f"lock '{unique_key}' is held by another run"):
-        state.result()
+    assert_failed_with(state, LockContention, f"lock '{unique_key}' is held by another run")
 
 
 def test_async_flow_skips_as_a_flow_run_named_skipped(unique_key: str, tmp_path: Path) -> None:
@@ -119,19 +105,13 @@ def test_loss_fails_the_flow_run_and_current_lease_refuses_after_it(unique_key: 
             raise
         return "should never complete"
 
-    def breaker() -> None:
-        if started.wait(30):
-            with VolcanoLocks() as admin:
-                admin.force_release(unique_key)
-
-    thread = threading.Thread(target=breaker, daemon=True)
-    thread.start()
+    thread = force_release_when(started, unique_key)
     state = f(return_state=True)
     thread.join()
     assert state.is_failed() and len(seen_after_loss) == 1
     with pytest.raises(OwnershipLost):
         state.result()
-    logs = flow_logs(state)
+    logs = run_logs(state)
     assert logs.count(f"Lost ownership of lock '{unique_key}'") == 1  # told once
     assert "the body is interrupted at its next Python instruction" in logs
     assert "the flow run fails; no retries are left" in logs

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+
+from tests.prefect.helpers import prefect_server
 
 CHROMIUM = Path("/usr/bin/chromium")
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "images"
@@ -29,56 +29,17 @@ if not CHROMIUM.exists():
     pytest.skip(f"no browser: {CHROMIUM} is missing (apt-get install chromium)", allow_module_level=True)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @pytest.fixture(scope="module")
 def prefect_ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A Prefect server with its UI; yields the base URL."""
     home = tmp_path_factory.mktemp("prefect-ui-home")
-    port = _free_port()
-    base = f"http://127.0.0.1:{port}"
-    env = dict(os.environ)
-    env.update(
-        PREFECT_HOME=str(home),
-        PREFECT_SERVER_ANALYTICS_ENABLED="false",
-        PREFECT_API_DATABASE_CONNECTION_URL=f"sqlite+aiosqlite:///{home / 'prefect.db'}",
-        PREFECT_API_URL=f"{base}/api",
-        PREFECT_UI_API_URL=f"{base}/api",
-    )
-    prefect = str(Path(sys.executable).with_name("prefect"))
-    server = subprocess.Popen(
-        [prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port), "--no-services"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(f"{base}/api/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"prefect server did not start (exit code {server.poll()})")
-            time.sleep(0.5)
-        # The server registers installed collections' blocks at startup (prefect.collections entry point).
-        slugs = [b["slug"] for b in httpx.post(f"{base}/api/block_types/filter", json={}).json()]
-        assert "volcano-credentials" in slugs
-        yield base
+        with prefect_server(home, services=False) as base:
+            # The server registers installed collections' blocks at startup (prefect.collections entry point).
+            slugs = [b["slug"] for b in httpx.post(f"{base}/api/block_types/filter", json={}).json()]
+            assert "volcano-credentials" in slugs
+            yield base
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
         shutil.rmtree(home, ignore_errors=True)
 
 

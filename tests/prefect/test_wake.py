@@ -9,9 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prefect import flow, task
 
-from prefect_volcano import current_lease, locked_task
+from tests.prefect.helpers import token_flow
 
 pytestmark = pytest.mark.usefixtures("volcano_env")
 
@@ -37,16 +36,7 @@ def _wait_behind(holder: subprocess.Popen[str], key: str) -> tuple[int, int]:
     assert line.startswith("HOLDING"), line
     held = int(line.split()[1])
 
-    @task
-    @locked_task(key, ttl=15, wait_timeout=60)
-    def patient() -> int:
-        return current_lease().fencing_token
-
-    @flow
-    def f() -> int:
-        return patient()
-
-    ours = f()
+    ours = token_flow(key, ttl=15, wait_timeout=60)()
     assert holder.stdout.readline().strip() == "RELEASED"
     assert holder.wait(timeout=60) == 0
     return held, ours

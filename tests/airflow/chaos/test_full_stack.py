@@ -16,14 +16,13 @@ import hashlib
 import json
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.airflow.helpers import Stack, owner_tokens, running_stack, volcano_conn_json
+from tests.airflow.helpers import Stack, VolcanoConn, owner_tokens, running_stack, volcano_conn_json
 from tests.chaos.oracle import lease_verdicts
 from volcano_locks.fencing import FencedTable
 from volcano_locks.server.harness import LocalServer
@@ -36,18 +35,9 @@ FAULTS = "status=503:rate=0.05,drop:rate=0.03"
 DOWNTIME = TTL + 3.0  # longer than TTL + the 1 s takeover grace: the holder's lease certainly lapses
 
 
-@dataclass(frozen=True)
-class ChaosConn:
-    """The faulty lock server this test's Airflow connection points at, with the exact keys in it."""
-
-    server: LocalServer
-    url: str
-    service_key: str = field(repr=False)
-    anon_key: str = field(repr=False)
-
-
 @pytest.fixture
-def chaos_conn(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ChaosConn]:
+def chaos_conn(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[VolcanoConn]:
+    """A faulty lock server of the test's own, which its Airflow connection points at."""
     srv = LocalServer(db=str(tmp_path / "locks.sqlite3"), admin=True, quota=1_000_000, faults=FAULTS)
     srv.start()
     service_key, anon_key = srv.service_key, srv.anon_key
@@ -55,13 +45,13 @@ def chaos_conn(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Chao
         "AIRFLOW_CONN_VOLCANO_DEFAULT", volcano_conn_json(srv.url, service_key, anon_key=anon_key)
     )
     try:
-        yield ChaosConn(srv, srv.url, service_key, anon_key)
+        yield VolcanoConn(srv, srv.url, service_key, anon_key)
     finally:
         srv.close()
 
 
 @pytest.fixture
-def stack(airflow_db: Path, chaos_conn: ChaosConn, tmp_path: Path) -> Iterator[Stack]:
+def stack(airflow_db: Path, chaos_conn: VolcanoConn, tmp_path: Path) -> Iterator[Stack]:
     with running_stack(airflow_db, tmp_path) as s:
         yield s
 
@@ -86,7 +76,7 @@ def _task_log(stack: Stack, run_id: str) -> str:
 
 
 def test_operator_never_succeeds_after_its_lock_was_lost_under_faults_and_a_server_kill(
-    stack: Stack, chaos_conn: ChaosConn, unique_key: str, capsys: pytest.CaptureFixture[str]
+    stack: Stack, chaos_conn: VolcanoConn, unique_key: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     srv = chaos_conn.server
     resource = f"chaos-{unique_key}"

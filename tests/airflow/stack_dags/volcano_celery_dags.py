@@ -15,9 +15,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from airflow.sdk import DAG, Param
+from airflow.sdk import DAG
 
 from airflow_provider_volcano.operators.lock import VolcanoLockOperator
+from tests.airflow.stack_dags.parts import FAILS_WHEN_HELD, WAITS_DEFERRED, lock_params
+
+START = datetime(2026, 1, 1)
 
 
 def _hold(state_file: str, volcano_lease: dict[str, Any]) -> None:
@@ -33,34 +36,17 @@ def _took(volcano_lease: dict[str, Any]) -> int:
 with DAG(
     dag_id="volcano_celery_holder",
     schedule=None,
-    start_date=datetime(2026, 1, 1),
-    params={"lock_key": Param("celery", type="string"), "state_file": Param("", type="string")},
+    start_date=START,
+    params=lock_params("celery", "state_file"),
 ):
     VolcanoLockOperator(
         task_id="hold",
         queue="volcano_a",
-        lock_key="{{ params.lock_key }}",
         ttl=10,
-        on_contention="fail",
-        retries=0,
         python_callable=_hold,
         op_kwargs={"state_file": "{{ params.state_file }}"},
+        **FAILS_WHEN_HELD,
     )
 
-with DAG(
-    dag_id="volcano_celery_waiter",
-    schedule=None,
-    start_date=datetime(2026, 1, 1),
-    params={"lock_key": Param("celery", type="string")},
-):
-    VolcanoLockOperator(
-        task_id="wait",
-        queue="volcano_b",
-        lock_key="{{ params.lock_key }}",
-        ttl=10,
-        deferrable=True,
-        poll_interval=0.5,
-        wait_timeout=600,
-        retries=0,
-        python_callable=_took,
-    )
+with DAG(dag_id="volcano_celery_waiter", schedule=None, start_date=START, params=lock_params("celery")):
+    VolcanoLockOperator(task_id="wait", queue="volcano_b", ttl=10, python_callable=_took, **WAITS_DEFERRED)

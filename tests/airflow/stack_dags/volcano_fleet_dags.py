@@ -20,6 +20,7 @@ from typing import Any
 from airflow.sdk import DAG, Param
 
 from airflow_provider_volcano.operators.lock import VolcanoLockOperator
+from tests.airflow.stack_dags.parts import FAILS_WHEN_HELD, WAITS_DEFERRED, lock_params
 from volcano_locks.fencing import FencedTable
 
 
@@ -59,31 +60,24 @@ for dag_id, handoff_ttl in (("volcano_slow_resume", 60), ("volcano_slow_resume_l
     with DAG(dag_id=dag_id, schedule=None, start_date=datetime(2026, 1, 1), params=SLOW_PARAMS):
         VolcanoLockOperator(
             task_id="hold",
-            lock_key="{{ params.lock_key }}",
             ttl=5,
             handoff_ttl=handoff_ttl,
-            on_contention="wait",
-            deferrable=True,
-            wait_timeout=600,
-            poll_interval=0.5,
-            retries=0,
             pre_execute=_slow_start,
             python_callable=_fenced_steps,
             op_kwargs={"resource": "{{ params.resource }}", "steps": "{{ params.steps }}"},
+            **WAITS_DEFERRED,
         )
 
 with DAG(
     dag_id="volcano_sigterm",
     schedule=None,
     start_date=datetime(2026, 1, 1),
-    params={"lock_key": Param("fleet-sigterm", type="string"), "pid_file": Param("", type="string")},
+    params=lock_params("fleet-sigterm", "pid_file"),
 ):
     VolcanoLockOperator(
         task_id="hold",
-        lock_key="{{ params.lock_key }}",
         ttl=10,
-        on_contention="fail",
-        retries=0,
         python_callable=_hold_until_killed,
         op_kwargs={"pid_file": "{{ params.pid_file }}"},
+        **FAILS_WHEN_HELD,
     )

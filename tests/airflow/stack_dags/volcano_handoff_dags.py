@@ -15,6 +15,7 @@ from typing import Any
 from airflow.sdk import DAG, Param
 
 from airflow_provider_volcano.operators.lock import VolcanoLockOperator
+from tests.airflow.stack_dags.parts import WAITS_DEFERRED
 
 
 def _break_when_flagged(context: Any) -> None:
@@ -40,14 +41,9 @@ with DAG(
 ):
     VolcanoLockOperator(
         task_id="hold",
-        lock_key="{{ params.lock_key }}",
         ttl=10,
-        on_contention="wait",
-        deferrable=True,
-        wait_timeout=600,
-        poll_interval=0.5,
-        retries=0,
         pre_execute=_break_when_flagged,
         python_callable=_hold,
         op_kwargs={"seconds": "{{ params.seconds }}"},
+        **WAITS_DEFERRED,
     )
