@@ -106,8 +106,8 @@ def _uvicorn_child(db: str, limit: int) -> None:
     import uvicorn
 
     from volcano_locks.server.app import Request
+    from volcano_locks.server.backends import open_store
     from volcano_locks.server.runner import build_app
-    from volcano_locks.server.store import open_store
 
     app = build_app(open_store(db), os.environ["VOLCANO_LOCAL_SECRET"], quota=0, log_requests=False)
 

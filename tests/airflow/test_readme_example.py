@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 
 import pytest
-from tests.docs.helpers import python_block, shell_commands
 
+from tests.docs.helpers import python_block, shell_commands
 from volcano_locks import VolcanoLocks
 
 _WRITE_ROLLUP = """\

@@ -28,15 +28,6 @@ KNOWN_CYCLES: set[frozenset[str]] = {
     # run_in_group is called from the operator (a function-level import) and group.py imports the
     # operator's private parts: the Airflow operators' rework removes it.
     frozenset({"airflow_provider_volcano.operators.lock", "airflow_provider_volcano.operators.group"}),
-    # open_store (store.py) imports the two backends inside the function, and each backend imports the
-    # store's types from store.py.
-    frozenset(
-        {
-            "volcano_locks.server.store",
-            "volcano_locks.server.store_postgres",
-            "volcano_locks.server.store_sqlite",
-        }
-    ),
 }
 
 

@@ -10,8 +10,8 @@ import dataclasses
 import re
 
 import pytest
-from tests.docs.helpers import REPO, python_block
 
+from tests.docs.helpers import REPO, python_block
 from volcano_locks import LeaseFacts, VolcanoLocks
 from volcano_locks.server import LocalServer
 

@@ -14,7 +14,6 @@ from pathlib import Path
 
 from tests.cli.helpers import CLI, cli_env
 from tests.docs.helpers import README, REPO, blocks, python_block, shell_commands
-
 from volcano_locks import LockState, VolcanoLocks, __version__
 from volcano_locks.server import LocalServer
 

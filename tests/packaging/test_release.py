@@ -15,8 +15,8 @@ from importlib.metadata import version
 from pathlib import PurePosixPath
 
 import yaml
-from pip_venv import REPO, Dist
 
+from tests.packaging.helpers import REPO, Dist
 from volcano_locks import __version__
 
 PACKAGES = ("volcano_locks", "airflow_provider_volcano", "prefect_volcano")

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 from prefect import flow
-from tests.docs.helpers import python_block
 
 from prefect_volcano import VolcanoCredentials, is_skipped
+from tests.docs.helpers import python_block
 from volcano_locks import VolcanoLocks
 
 pytestmark = pytest.mark.usefixtures("volcano_env")

@@ -312,9 +312,9 @@ class InProcessServer(_ServerBase):
 
     def start(self) -> Self:
         """Bind and serve on a daemon thread; return self."""
+        from .backends import open_store
         from .http11 import build_server, serve_in_thread
         from .runner import build_app
-        from .store import open_store
 
         self._store = open_store(self.db)
         app = build_app(

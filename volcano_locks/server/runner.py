@@ -17,12 +17,13 @@ from typing import TextIO
 
 from .app import LockApp
 from .auth import Authenticator, check_admin_key, check_secret, mint_key, new_admin_key
+from .backends import open_store
 from .clock import Clock, system_clock
 from .faults import FaultInjector
 from .http11 import Limits, LockHTTPServer, build_server, serve_in_thread
 from .quota import QuotaLimiter
 from .service import LockService
-from .store import LockStore, open_store
+from .store import LockStore
 
 __all__ = [
     "ADMIN_KEY_ENV",

@@ -1,4 +1,4 @@
-"""The lock store interface: atomic read-decide-write of a (project, key) row, quota counts, `open_store`."""
+"""The lock store interface: atomic read-decide-write of a (project, key) row and quota counts."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Protocol, TypeVar
 
 from .quota import QuotaCounter
 
-__all__ = ["Decide", "LockRow", "LockStore", "open_store"]
+__all__ = ["Decide", "LockRow", "LockStore"]
 
 T = TypeVar("T")
 
@@ -52,14 +52,3 @@ class LockStore(Protocol):
     def close(self) -> None:
         """Release connections."""
         ...
-
-
-def open_store(db: str) -> LockStore:
-    """Open a store for `db`: a `postgresql://` / `postgres://` DSN, or else a SQLite file path."""
-    if db.startswith(("postgresql://", "postgres://")):
-        from .store_postgres import PostgresStore
-
-        return PostgresStore(db)
-    from .store_sqlite import SqliteStore
-
-    return SqliteStore(db)
