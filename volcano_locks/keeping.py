@@ -26,7 +26,13 @@ from volcano_locks.clock import lease_clock
 from volcano_locks.errors import ErrorCode, OwnershipLost
 from volcano_locks.guard import AsyncLockGuard, LockGuard
 from volcano_locks.models import LockLease
-from volcano_locks.renewal import AsyncLeaseKeeper, KeeperTiming, LeaseKeeper, renewal_timeout, safe_window_end
+from volcano_locks.renewal import (
+    AsyncLeaseKeeper,
+    KeeperTiming,
+    LeaseKeeper,
+    renewal_timeout,
+    safe_window_end,
+)
 
 __all__ = ["async_keep", "keep"]
 
@@ -119,21 +125,24 @@ def keep(
             on_loss(loss)
 
     keeper = LeaseKeeper(lease, client.renew_within, timing=_timing(client.timeout, lease), on_loss=lost)
-    keeper.start()
-    exc: BaseException | None = None
-    try:
-        yield LockGuard(keeper)
-    except BaseException as raised:
-        exc = raised
-        raise
-    finally:
+
+    def stop() -> None:
         if interrupter is not None:
             try:
                 interrupter.disarm()
-            except _Interrupted:  # fired on the way out: the loss below says it
+            except _Interrupted:  # fired on the way out: the loss raised below says it
                 interrupter.disarm()
         keeper.stop()
+
+    keeper.start()
+    try:
+        yield LockGuard(keeper)
+    except BaseException as exc:
+        stop()
         _leaving(exc, keeper.loss, isinstance(exc, _Interrupted))
+        raise
+    stop()
+    _leaving(None, keeper.loss, False)
 
 
 @asynccontextmanager

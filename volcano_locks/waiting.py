@@ -659,9 +659,9 @@ def wait_acquire(
             client.governor.note_waiting()
             op = "acquire" if raising else step.op
             outcome = _outcome(partial(_send_sync, client, waiter, op))
-            step, lease = _advance(flow, outcome)
             if raising:
-                _answered_or_raise(outcome, on_waiting, flow, lease_clock() - started)
+                _answered_or_raise(outcome, waiter, on_waiting, lease_clock() - started)
+            step, lease = _advance(flow, outcome)
         assert lease is not None
         return lease
 
@@ -676,10 +676,10 @@ def _raising(contention: str) -> bool:
     return contention == "raise"
 
 
-def _answered_or_raise(outcome: object, on_waiting: OnWaiting | None, flow: _Flow, waited: float) -> None:
+def _answered_or_raise(outcome: object, waiter: _Waiter, on_waiting: OnWaiting | None, waited: float) -> None:
     """For ``contention="raise"``: raise a refusal; report an attempt that got no answer."""
     if isinstance(outcome, ConflictError):
-        flow.close()
+        waiter.uncertain = False  # a definite answer: no lease of this attempt to abandon
         raise outcome
     if isinstance(outcome, VolcanoError) and on_waiting is not None:
         on_waiting(None, waited)
@@ -735,9 +735,9 @@ async def async_wait_acquire(
                 outcome: object = await call
             except VolcanoError as exc:
                 outcome = exc
-            step, lease = _advance(flow, outcome)
             if raising:
-                _answered_or_raise(outcome, on_waiting, flow, lease_clock() - started)
+                _answered_or_raise(outcome, waiter, on_waiting, lease_clock() - started)
+            step, lease = _advance(flow, outcome)
         assert lease is not None
         return lease
 

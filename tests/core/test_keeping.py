@@ -14,15 +14,15 @@ from volcano_locks.server.harness import LocalServer
 
 
 @pytest.fixture
-def sync_client(volcano_server: LocalServer) -> Any:
-    with VolcanoLocks(volcano_server.url, service_key=volcano_server.service_key) as client:
-        yield client
+def sync_client(volcano_client: VolcanoLocks) -> VolcanoLocks:
+    return volcano_client
 
 
 @pytest.fixture
 async def async_client(volcano_server: LocalServer) -> Any:
-    async with AsyncVolcanoLocks(volcano_server.url, service_key=volcano_server.service_key) as client:
-        yield client
+    client = AsyncVolcanoLocks(volcano_server.url, service_key=volcano_server.service_key)
+    yield client
+    await client.aclose()
 
 
 def test_keep_renews_and_leaves_the_lease_held(sync_client: VolcanoLocks, unique_key: str) -> None:
