@@ -11,21 +11,20 @@ if TYPE_CHECKING:
     from airflow_provider_volcano.operators.lock import VolcanoLockOperator
     from airflow_provider_volcano.triggers.lock import VolcanoLockTrigger
 
-# Lazy re-exports: importing the operator module must not pay for the trigger (airflow.triggers).
-_LAZY = {
-    "VolcanoHook": "airflow_provider_volcano.hooks.volcano",
-    "VolcanoLockOperator": "airflow_provider_volcano.operators.lock",
-    "VolcanoLockTrigger": "airflow_provider_volcano.triggers.lock",
-}
-
 
 def __getattr__(name: str) -> Any:
-    """Import a re-exported class on first access."""
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
+    """Import a re-exported class on first access.
 
-    value = getattr(importlib.import_module(module), name)
+    Importing the operator module must not pay for the trigger (``airflow.triggers``) nor the hook.
+    """
+    value: Any
+    if name == "VolcanoHook":
+        from airflow_provider_volcano.hooks.volcano import VolcanoHook as value
+    elif name == "VolcanoLockOperator":
+        from airflow_provider_volcano.operators.lock import VolcanoLockOperator as value
+    elif name == "VolcanoLockTrigger":
+        from airflow_provider_volcano.triggers.lock import VolcanoLockTrigger as value
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     globals()[name] = value
     return value

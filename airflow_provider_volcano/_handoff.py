@@ -22,8 +22,11 @@ Airflow does not report is treated as alive (safety over liveness).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import math
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -34,6 +37,7 @@ from airflow_provider_volcano._tokens import TaskIdentity
 __all__ = [
     "DEAD_STATES",
     "HandoffRecord",
+    "TriggerHandoff",
     "clear_record",
     "describe",
     "owner_state",
@@ -48,6 +52,8 @@ log = logging.getLogger(__name__)
 VARIABLE_PREFIX = "volcano_lock_handoff:"
 LOOK_EVERY = 5.0
 """Seconds between two looks of a waiter at its lock's handoff record (the bound waiters keep to)."""
+HANDOFF_GROWTH_CAP = 4
+"""A lapsed handoff is retried with a longer allowance, at most this many times ``handoff_ttl``."""
 DEAD_STATES = frozenset({"failed", "success", "skipped", "upstream_failed", "removed", "up_for_retry", None})
 """Task instance states in which the try a handoff lease was acquired for will never run its body."""
 _NOT_REPORTED = object()
@@ -241,3 +247,64 @@ def released_line(record: HandoffRecord, reason: str) -> str:
         f"Released lock {record.lock_key!r} (fencing token {record.fencing_token}): it was held for the "
         f"handoff to {record.names()}, which can no longer use it ({reason}); waiting no longer behind it"
     )
+
+
+@dataclass(frozen=True)
+class TriggerHandoff:
+    """What the trigger's event says about the lease it acquired for its task (all public facts)."""
+
+    fencing_token: int | None
+    acquired_at: datetime | None
+    allowance: int
+
+    @classmethod
+    def from_event(cls, event: Mapping[str, Any], default_allowance: int) -> TriggerHandoff:
+        """Read the event's facts; a missing or malformed one is unknown (``allowance``: the default)."""
+        acquired_at = None
+        if isinstance(event.get("acquired_at"), str):
+            with contextlib.suppress(ValueError):
+                acquired_at = datetime.fromisoformat(event["acquired_at"])
+        allowance = event.get("handoff_ttl")
+        fencing = event.get("fencing_token")
+        return cls(
+            fencing_token=fencing if isinstance(fencing, int) and not isinstance(fencing, bool) else None,
+            acquired_at=acquired_at,
+            allowance=allowance if isinstance(allowance, int) and allowance > 0 else default_allowance,
+        )
+
+    def delay(self) -> float | None:
+        """Seconds from the trigger's acquisition to now (triggerer and worker clocks may differ)."""
+        if self.acquired_at is None:
+            return None
+        return time.time() - self.acquired_at.timestamp()
+
+    def describe_delay(self) -> str:
+        """The resume delay as a log line says it."""
+        delay = self.delay()
+        return "an unknown time" if delay is None else f"{delay:.1f} s"
+
+    def next_allowance(self, handoff_ttl: int) -> int:
+        """The allowance of the next handoff: twice the resume delay measured, within a bound.
+
+        Resume delays recur, so after a lapse the next trigger acquires for longer, never more than
+        ``HANDOFF_GROWTH_CAP`` times ``handoff_ttl`` nor the contract's longest TTL.
+        """
+        from volcano_locks.protocol import MAX_TTL
+
+        delay = self.delay()
+        if delay is None:
+            return handoff_ttl
+        return min(MAX_TTL, HANDOFF_GROWTH_CAP * handoff_ttl, max(self.allowance, math.ceil(2 * delay)))
+
+    def lapsed_line(self, lock_key: str, then: str) -> str:
+        """The one line that says what a lapsed handoff means, and ``then`` what the task does now.
+
+        The resumed task came later than the lease the trigger acquired for it lasted: the lease is
+        gone, and the fix is a ``handoff_ttl`` above the executor's resume delay.
+        """
+        return (
+            f"The handoff of lock {lock_key!r} lapsed: this task resumed {self.describe_delay()} after "
+            f"its trigger acquired the lock (fencing token {self.fencing_token}), beyond "
+            f"handoff_ttl={self.allowance} s, so that lease is gone. {then} Raise handoff_ttl above "
+            "your executor's resume delay (queueing, pod start, pool slots)."
+        )

@@ -23,7 +23,7 @@ import socket
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Self
 
 __all__ = [
     "FORCED_PREFIX",
@@ -48,8 +48,26 @@ def _int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+class _Record:
+    """A record stored as a Variable's JSON value: written whole, read back only for its own lock."""
+
+    def to_json(self) -> str:
+        """The record as the Variable's value."""
+        return json.dumps(asdict(self), sort_keys=True)  # type: ignore[call-overload]
+
+    @classmethod
+    def parse(cls, lock_key: str, text: object) -> Self | None:
+        """Read a Variable's value; ``None`` for anything that is not such a record of ``lock_key``."""
+        data = _record_of(lock_key, text)
+        return None if data is None else cls._from(lock_key, data)
+
+    @classmethod
+    def _from(cls, lock_key: str, data: Mapping[str, Any]) -> Self | None:
+        raise NotImplementedError
+
+
 @dataclass(frozen=True)
-class HolderRecord:
+class HolderRecord(_Record):
     """The task try that acquired a lock (all public).
 
     :param lock_key: the lock.
@@ -75,16 +93,8 @@ class HolderRecord:
     map_index: int
     try_number: int
 
-    def to_json(self) -> str:
-        """The record as the Variable's value."""
-        return json.dumps(asdict(self), sort_keys=True)
-
     @classmethod
-    def parse(cls, lock_key: str, text: object) -> HolderRecord | None:
-        """Read a Variable's value; ``None`` for anything that is not a holder record of ``lock_key``."""
-        data = _record_of(lock_key, text)
-        if data is None:
-            return None
+    def _from(cls, lock_key: str, data: Mapping[str, Any]) -> HolderRecord | None:
         ints = {name: _int(data.get(name)) for name in ("fencing_token", "ttl", "map_index", "try_number")}
         strs = {name: data.get(name) for name in ("acquired_at", "hostname", "dag_id", "run_id", "task_id")}
         if any(v is None for v in ints.values()) or not all(isinstance(v, str) for v in strs.values()):
@@ -105,7 +115,7 @@ class HolderRecord:
 
 
 @dataclass(frozen=True)
-class ForcedRecord:
+class ForcedRecord(_Record):
     """A force release done from the lock board: which lease, by whom, when (all public)."""
 
     lock_key: str
@@ -113,16 +123,8 @@ class ForcedRecord:
     by: str
     at: str
 
-    def to_json(self) -> str:
-        """The record as the Variable's value."""
-        return json.dumps(asdict(self), sort_keys=True)
-
     @classmethod
-    def parse(cls, lock_key: str, text: object) -> ForcedRecord | None:
-        """Read a Variable's value; ``None`` for anything that is not a record of ``lock_key``."""
-        data = _record_of(lock_key, text)
-        if data is None:
-            return None
+    def _from(cls, lock_key: str, data: Mapping[str, Any]) -> ForcedRecord | None:
         by, at = data.get("by"), data.get("at")
         if not isinstance(by, str) or not isinstance(at, str):
             return None

@@ -24,12 +24,12 @@ import json
 import os
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SupervisorGone", "SupervisorWatch", "task_log_file"]
+__all__ = ["SupervisorGone", "SupervisorWatch", "supervised", "task_log_file"]
 
 EXIT_CODE = 70
 """The task process's exit status when the watch ends it (a body that would not stop)."""
@@ -142,3 +142,21 @@ class SupervisorWatch:
         except OSError as exc:
             with contextlib.suppress(Exception):
                 print(f"could not append to the task log {self.log_file}: {exc}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def supervised(ti: object, log: Any, what: Callable[[], str], gone: Callable[[], str]) -> Iterator[None]:
+    """Run the block under a :class:`SupervisorWatch`; the supervisor's loss fails the task.
+
+    :param ti: the running task instance (its log file gets the reason).
+    :param log: the task's logger.
+    :param what: what holds or wants the lock, for the watch's line.
+    :param gone: the message of the task's failure (:class:`VolcanoLockLost`) when the supervisor is gone.
+    """
+    from airflow_provider_volcano.exceptions import VolcanoLockLost
+
+    try:
+        with SupervisorWatch(log, what, task_log_file(ti)):
+            yield
+    except SupervisorGone:
+        raise VolcanoLockLost(gone()) from None

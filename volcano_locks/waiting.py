@@ -56,12 +56,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
-from typing import ClassVar, Protocol
+from typing import ClassVar, Literal, Protocol
 
 from volcano_locks.clock import lease_clock
 from volcano_locks.errors import (
     ConflictError,
     ErrorCode,
+    InvalidRequest,
     RateLimited,
     ServerError,
     TransportError,
@@ -84,6 +85,7 @@ __all__ = [
     "FLOOR",
     "GRACE",
     "AsyncWaitClient",
+    "Contention",
     "OnWaiting",
     "SharedPolls",
     "SyncWaitClient",
@@ -613,6 +615,7 @@ def wait_acquire(
     request_id: str | None = None,
     on_waiting: OnWaiting | None = None,
     policy: WaitPolicy | None = None,
+    contention: Contention = "wait",
 ) -> LockLease:
     """Acquire ``key`` with ``client``, waiting out contention up to ``timeout`` seconds (sync).
 
@@ -627,13 +630,23 @@ def wait_acquire(
         on_waiting: Called with the last holder seen and the seconds waited, when the wait starts
             and every ``policy.report_every`` seconds after.
         policy: The backoff (``poll`` overrides its first interval).
+        contention: ``"wait"`` waits out a held lock; ``"raise"`` waits only for an answer: every
+            attempt is an acquisition, a refusal (``ConflictError``) is raised at once, and what is
+            not an answer (no response, 503, 429) is tried again as in a wait (same token, and the
+            same request id after an uncertain attempt) until ``timeout``. Such a waiter does not
+            queue behind the key's other waiters, and ``on_waiting(None, waited)`` is called after
+            each attempt that got no answer.
 
     Raises:
-        WaitTimeout: Still held when the timeout ran out; ``holder`` is the last state seen.
+        WaitTimeout: Still held (``contention="raise"``: still unanswered) when the timeout ran out;
+            ``holder`` is the last state seen.
+        ConflictError: Held by another owner (``contention="raise"`` only).
     """
     signal = _ThreadSignal()
     waiter = _new_waiter(key, ttl, timeout, token, poll, request_id, signal)
-    with _flow_for(client, "thread", waiter, poll, policy, timeout, on_waiting) as flow:
+    raising = _raising(contention)
+    scope, started = object() if raising else "thread", lease_clock()
+    with _flow_for(client, scope, waiter, poll, policy, timeout, None if raising else on_waiting) as flow:
         step, lease = _advance(flow, None)
         while step is not None:
             if isinstance(step, _Block):
@@ -644,9 +657,32 @@ def wait_acquire(
                 step, lease = _advance(flow, None)
                 continue
             client.governor.note_waiting()
-            step, lease = _advance(flow, _outcome(partial(_send_sync, client, waiter, step.op)))
+            op = "acquire" if raising else step.op
+            outcome = _outcome(partial(_send_sync, client, waiter, op))
+            if raising:
+                _answered_or_raise(outcome, waiter, on_waiting, lease_clock() - started)
+            step, lease = _advance(flow, outcome)
         assert lease is not None
         return lease
+
+
+Contention = Literal["wait", "raise"]
+"""What a waiter does when the lock is held: wait it out, or raise the refusal (see :func:`wait_acquire`)."""
+
+
+def _raising(contention: str) -> bool:
+    if contention not in ("wait", "raise"):
+        raise InvalidRequest(f"invalid contention {contention!r}: expected 'wait' or 'raise'")
+    return contention == "raise"
+
+
+def _answered_or_raise(outcome: object, waiter: _Waiter, on_waiting: OnWaiting | None, waited: float) -> None:
+    """For ``contention="raise"``: raise a refusal; report an attempt that got no answer."""
+    if isinstance(outcome, ConflictError):
+        waiter.uncertain = False  # a definite answer: no lease of this attempt to abandon
+        raise outcome
+    if isinstance(outcome, VolcanoError) and on_waiting is not None:
+        on_waiting(None, waited)
 
 
 def _send_sync(client: SyncWaitClient, waiter: _Waiter, op: str) -> object:
@@ -666,6 +702,7 @@ async def async_wait_acquire(
     request_id: str | None = None,
     on_waiting: OnWaiting | None = None,
     policy: WaitPolicy | None = None,
+    contention: Contention = "wait",
 ) -> LockLease:
     """Acquire ``key`` with ``client``, waiting out contention up to ``timeout`` seconds (cancellable).
 
@@ -678,7 +715,9 @@ async def async_wait_acquire(
     """
     signal = _LoopSignal(asyncio.get_running_loop())
     waiter = _new_waiter(key, ttl, timeout, token, poll, request_id, signal)
-    with _flow_for(client, asyncio.get_running_loop(), waiter, poll, policy, timeout, on_waiting) as flow:
+    raising = _raising(contention)
+    scope, started = object() if raising else asyncio.get_running_loop(), lease_clock()
+    with _flow_for(client, scope, waiter, poll, policy, timeout, None if raising else on_waiting) as flow:
         step, lease = _advance(flow, None)
         while step is not None:
             if isinstance(step, _Block):
@@ -691,11 +730,13 @@ async def async_wait_acquire(
                 step, lease = _advance(flow, None)
                 continue
             client.governor.note_waiting()
-            call = client.get(key) if step.op == "get" else _acquire_or_undo(client, waiter)
+            call = client.get(key) if step.op == "get" and not raising else _acquire_or_undo(client, waiter)
             try:
                 outcome: object = await call
             except VolcanoError as exc:
                 outcome = exc
+            if raising:
+                _answered_or_raise(outcome, waiter, on_waiting, lease_clock() - started)
             step, lease = _advance(flow, outcome)
         assert lease is not None
         return lease

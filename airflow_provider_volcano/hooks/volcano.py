@@ -13,6 +13,9 @@ from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowException
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from airflow_provider_volcano._tokens import TaskIdentity
     from volcano_locks import AsyncVolcanoLocks, VolcanoLocks
 
 __all__ = ["VolcanoConnectionConfig", "VolcanoConnectionError", "VolcanoHook", "parse_connection"]
@@ -221,6 +224,29 @@ class VolcanoHook(BaseHook):
         if config.anon_key:
             await amask_secret(config.anon_key)
         return self._finish(config)
+
+    # The service key keys every ownership token and group seal: read for them here, and only here.
+
+    def ownership_token(self, owner: TaskIdentity, lock_key: str) -> str:
+        """The ownership token of the task try ``owner`` for ``lock_key`` (see ``_tokens.derive_token``)."""
+        from airflow_provider_volcano._tokens import derive_token
+
+        return derive_token(self.config.service_key, owner, lock_key)
+
+    def seal_group(self, group: Mapping[str, object]) -> str:
+        """The MAC over a lock group's lease facts and owner (see ``_tokens.seal_group``)."""
+        from airflow_provider_volcano._tokens import seal_group
+
+        return seal_group(self.config.service_key, group)
+
+    def group_owner(self, group: Mapping[str, object], **run: Any) -> TaskIdentity:
+        """The owner of a lock group's XCom once its seal and run are checked (``_tokens.verify_group``).
+
+        :raises ForgedGroup: naming what did not match.
+        """
+        from airflow_provider_volcano._tokens import verify_group
+
+        return verify_group(self.config.service_key, group, **run)
 
     def get_conn(self) -> VolcanoLocks:
         """Return a new sync client (same as :meth:`get_client`)."""

@@ -17,80 +17,35 @@ not a member (it cannot renew).
 
 from __future__ import annotations
 
-import contextlib
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.configuration import conf
-from airflow.sdk.exceptions import AirflowFailException
 
-from airflow_provider_volcano.operators.lock import (
-    DEFAULT_HANDOFF_TTL,
-    VolcanoLockContended,
-    VolcanoLockLost,
-    VolcanoLockOperator,
-    _Handoff,
-    _holder_facts,
-    wait_policy,
-)
+from airflow_provider_volcano._group_lease import GROUP_XCOM_KEY, group_token, pull_group
+from airflow_provider_volcano.exceptions import VolcanoLockLost
+from airflow_provider_volcano.operators.lock import DEFAULT_HANDOFF_TTL, VolcanoLockOperator
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
     from airflow.sdk.definitions.xcom_arg import XComArg
 
-    from airflow_provider_volcano.hooks.volcano import VolcanoHook
-    from volcano_locks import LockLease
+    from volcano_locks.client import VolcanoLocks
+    from volcano_locks.models import LockLease
 
 __all__ = [
     "GROUP_XCOM_KEY",
     "VolcanoLockGroup",
     "VolcanoLockGroupAcquireOperator",
     "VolcanoLockGroupReleaseOperator",
-    "run_in_group",
 ]
-
-GROUP_XCOM_KEY = "volcano_lock_group"
-"""XCom key of the group's lease: its public facts, ``ttl`` and the setup try's ``owner`` identity."""
 
 
 def _nothing() -> None:
     """The acquire task runs no callable of its own: the group's tasks are the work."""
-
-
-def _group_token(hook: VolcanoHook, group: Mapping[str, Any], context: Context, acquire_task_id: str) -> str:
-    """The group's ownership token, derived only from an XCom its acquire task sealed for this run.
-
-    :raises AirflowFailException: the XCom is forged or copied from another run (names what differs).
-    """
-    from airflow_provider_volcano._tokens import ForgedGroup, derive_token, verify_group
-
-    ti = context["ti"]
-    map_index = getattr(ti, "map_index", -1)
-    try:
-        owner = verify_group(
-            hook.config.service_key,
-            group,
-            dag_id=str(ti.dag_id),
-            run_id=str(ti.run_id),
-            acquire_task_id=acquire_task_id,
-            map_index=-1 if map_index is None else int(map_index),
-        )
-    except ForgedGroup as exc:
-        raise AirflowFailException(
-            f"Refusing the lock group's XCom {GROUP_XCOM_KEY!r} of task {acquire_task_id!r} for lock "
-            f"{group.get('lock_key')!r}: {exc}. Only the group's acquire task writes it; an entry "
-            "created or patched through the REST API never yields the group's lease."
-        ) from None
-    return derive_token(hook.config.service_key, owner, str(group["lock_key"]))
-
-
-def _pull_group(context: Context, acquire_task_id: str) -> dict[str, Any] | None:
-    value = context["ti"].xcom_pull(task_ids=acquire_task_id, key=GROUP_XCOM_KEY)
-    return dict(value) if isinstance(value, Mapping) else None
 
 
 class VolcanoLockGroupAcquireOperator(VolcanoLockOperator):
@@ -109,64 +64,15 @@ class VolcanoLockGroupAcquireOperator(VolcanoLockOperator):
         kwargs.setdefault("python_callable", _nothing)
         super().__init__(lock_key=lock_key, ttl=ttl, **kwargs)
 
-    def _run_locked(
-        self, context: Context, deadline: float | None, nonce: str, handoff: _Handoff | None = None
-    ) -> Any:
-        from volcano_locks import ConflictError, InvalidRequest, WaitTimeout
+    def _hold(self, client: VolcanoLocks, context: Context, lease: LockLease, nonce: str) -> Any:
+        """Leave the lease held for the group: push its sealed facts and owner to XCom, release nothing."""
+        from airflow_provider_volcano._tokens import TaskIdentity
 
-        client = self.hook.get_client()
-        token = self._token(context, nonce)
-        self._waiter, self._reported_at = self._identity(context, nonce), 0.0
-
-        def attempt(wait: bool, request_id: str, remaining: float | None) -> LockLease:
-            if wait:
-                return client.wait_acquire(
-                    self.lock_key,
-                    self.ttl,
-                    timeout=remaining,
-                    token=token,
-                    poll=self.poll_interval,
-                    on_waiting=self._still_waiting,
-                    policy=wait_policy(),
-                )
-            return client.acquire(self.lock_key, self.ttl, token=token, request_id=request_id)
-
-        with contextlib.closing(client), contextlib.ExitStack() as looks:
-            looks.callback(self._close_look_client)
-            try:
-                lease = self._acquire_with(client, deadline, attempt)
-            except WaitTimeout as exc:
-                raise VolcanoLockContended(
-                    f"Timed out after {self.wait_timeout} s waiting for lock {self.lock_key!r}, "
-                    f"{_holder_facts(exc.holder)}"
-                ) from None
-            except ConflictError as exc:
-                return self._contended(client, exc, context, deadline, nonce, handoff)
-            except InvalidRequest as exc:
-                raise AirflowFailException(f"Invalid lock request for {self.lock_key!r}: {exc}") from None
-        if handoff is not None:
-            self._handoff_done(lease)
-        if handoff is not None and lease.fencing_token != handoff.fencing_token:
-            self.log.warning(
-                "The handoff of lock %r lapsed: this task resumed %s after its trigger acquired the "
-                "lock (fencing token %s), beyond handoff_ttl=%s s. The lock was still free, so it was "
-                "acquired anew (fencing token %s). Raise handoff_ttl above your executor's resume delay.",
-                self.lock_key,
-                handoff.describe_delay(),
-                handoff.fencing_token,
-                handoff.allowance,
-                lease.fencing_token,
-            )
         facts = lease.public_dict()
-        owner = self._identity(context, nonce).as_dict()  # public: useless without the service key
-        from airflow_provider_volcano._tokens import seal_group
-
+        owner = TaskIdentity.from_task_instance(context["ti"], nonce).as_dict()  # public without the key
         group = {**facts, "ttl": self.ttl, "owner": owner}
-        group["seal"] = seal_group(self.hook.config.service_key, group)  # a MAC, not a secret
+        group["seal"] = self.hook.seal_group(group)  # a MAC, not a secret
         context["ti"].xcom_push(key=GROUP_XCOM_KEY, value=group)
-        from airflow_provider_volcano._provenance import write_holder
-
-        write_holder(context, self.lock_key, lease.fencing_token, self.ttl)  # the board's holder
         self.log.info(
             "Holding lock %r for the group (fencing token %s, ttl %s s, owner %s); its member tasks "
             "renew it while they run and the group's release task releases it",
@@ -204,7 +110,7 @@ class VolcanoLockGroupReleaseOperator(BaseOperator):
         from airflow_provider_volcano.hooks.volcano import VolcanoHook
         from volcano_locks import ConflictError, LockLease, VolcanoError
 
-        group = _pull_group(context, self.acquire_task_id)
+        group = pull_group(context, self.acquire_task_id)
         if group is None:
             self.log.info(
                 "The group's acquire task %r holds no lease; nothing to release", self.acquire_task_id
@@ -215,7 +121,7 @@ class VolcanoLockGroupReleaseOperator(BaseOperator):
         # Release sends only the ownership token; the other fields describe the lease as acquired.
         lease = LockLease(
             key=key,
-            token=_group_token(hook, group, context, self.acquire_task_id),
+            token=group_token(hook, group, context, self.acquire_task_id),
             expires_at=datetime.fromisoformat(group["expires_at"]),
             fencing_token=int(group["fencing_token"]),
             ttl=int(group["ttl"]),
@@ -241,86 +147,6 @@ class VolcanoLockGroupReleaseOperator(BaseOperator):
                     f"{exc}; it lapses at its TTL ({lease.ttl} s after the last renewal)"
                 ) from None
         self.log.info("Released lock %r (fencing token %s) for the group", key, lease.fencing_token)
-
-
-def run_in_group(op: VolcanoLockOperator, context: Context) -> Any:
-    """Run a member task's callable under its group's lease: check it, renew it, never release it.
-
-    :param op: the member operator (``lock_group`` set).
-    :param context: the task's context.
-    """
-    from volcano_locks import ConflictError, OwnershipLost, VolcanoError
-    from volcano_locks.renewal import KeeperTiming, LeaseKeeper, renewal_timeout
-
-    acquire_task_id = op.lock_group_task_id
-    assert acquire_task_id is not None
-    group = _pull_group(context, acquire_task_id)
-    if group is None:
-        raise AirflowFailException(
-            f"Task {op.task_id!r} runs under the lock group of {acquire_task_id!r}, which holds no lease "
-            "(is it upstream of this task, and did it succeed?)"
-        )
-    key, fencing, ttl = str(group["lock_key"]), int(group["fencing_token"]), int(group["ttl"])
-    op.lock_key = key
-    client = op.hook.get_client()
-    token = _group_token(op.hook, group, context, acquire_task_id)
-
-    def attempt(wait: bool, request_id: str, remaining: float | None) -> LockLease:
-        # An idempotent re-acquire: extends the group's lease to ttl from now if it is still ours.
-        return client.acquire(key, ttl, token=token, request_id=request_id)
-
-    with contextlib.closing(client):
-        try:
-            # An unreachable API is waited out no longer than the group's lease could last.
-            lease = op._acquire_with(client, time.time() + ttl, attempt, may_wait=False)
-        except ConflictError as exc:
-            holder = op._holder(client)
-            raise VolcanoLockLost(
-                f"The group's lock {key!r} (fencing token {fencing}) was lost before task "
-                f"{op.task_id!r} ran (the lock is now {_holder_facts(holder)}; {exc}); raise the "
-                "group's ttl above the longest gap between its tasks"
-            ) from None
-        if lease.fencing_token != fencing:
-            # The group's lease lapsed and the lock was free: this acquire made a new lease. Undo it.
-            with contextlib.suppress(VolcanoError):
-                client.release(key, lease)
-            raise VolcanoLockLost(
-                f"The group's lock {key!r} (fencing token {fencing}) lapsed before task {op.task_id!r} "
-                f"ran; raise the group's ttl ({ttl} s) above the longest gap between its tasks"
-            )
-        op.log.info(
-            "Running under the group's lock %r (fencing token %s, renewed at ttl %s s)", key, fencing, ttl
-        )
-        from airflow_provider_volcano._provenance import write_holder
-
-        write_holder(context, key, fencing, ttl)  # the member running now is the one the board names
-        keeper = LeaseKeeper(
-            lease,
-            lambda current, _timeout: client.renew(current.key, current),
-            timing=KeeperTiming(request_timeout=renewal_timeout(client.timeout, ttl)),
-        )
-        keeper.start()
-        from airflow_provider_volcano._supervision import SupervisorGone
-
-        try:
-            with op._supervised(context):
-                result = op._call(context, lease)
-        except SupervisorGone:
-            raise VolcanoLockLost(
-                f"The task's supervisor is gone: task {op.task_id!r} stopped its body and stopped "
-                f"renewing the group's lock {key!r} (fencing token {fencing}); the group's release task "
-                "or its ttl ends the lease"
-            ) from None
-        finally:
-            keeper.stop()
-        loss: OwnershipLost | None = keeper.loss
-        if loss is not None:
-            raise VolcanoLockLost(
-                f"Lost the group's lock {key!r} (fencing token {fencing}) while task {op.task_id!r} ran "
-                f"({loss}); the task is failed because its work is no longer protected by the lock"
-            )
-    op.log.info("Kept the group's lock %r (fencing token %s) for the group's next task", key, fencing)
-    return result
 
 
 class VolcanoLockGroup:

@@ -1,100 +1,55 @@
-"""VolcanoLockOperator: runs a callable while holding a Volcano project lock."""
+"""VolcanoLockOperator: runs a callable while holding a Volcano project lock.
+
+The operator holds behaviour only: ``execute`` acquires through the core (the first try never waits,
+see :mod:`airflow_provider_volcano._acquiring`; a wait in the worker slot is
+:mod:`airflow_provider_volcano._slot_wait`) or defers to
+:class:`~airflow_provider_volcano.triggers.lock.VolcanoLockTrigger`, and ``execute_complete`` resumes
+with the lease the trigger acquired. The body runs under the lease kept by the core
+(:func:`volcano_locks.keeping.keep`); a group member runs under its group's lease
+(:mod:`airflow_provider_volcano._member`). Nothing of the core, the hook or httpx is imported here
+until a task runs: parsing a DAG stays cheap.
+"""
 
 from __future__ import annotations
 
 import contextlib
-import math
 import threading
 import time
-import uuid
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
-from functools import cached_property
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from datetime import timedelta
+from functools import cached_property, partial
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.configuration import conf
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
-from volcano_locks.protocol import MAX_TTL, validate_key, validate_poll, validate_ttl, validate_wait_timeout
+from airflow_provider_volcano._body import LEASE_KWARG, LEASE_XCOM_KEY
+from airflow_provider_volcano.exceptions import VolcanoLockContended, VolcanoLockLost
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-    from airflow_provider_volcano._handoff import HandoffRecord
+    from airflow_provider_volcano._handoff import TriggerHandoff
     from airflow_provider_volcano._tokens import TaskIdentity
     from airflow_provider_volcano.hooks.volcano import VolcanoHook
-    from volcano_locks import ConflictError, LockGuard, LockLease, LockState, VolcanoLocks
-    from volcano_locks.waiting import WaitPolicy
+    from volcano_locks.client import VolcanoLocks
+    from volcano_locks.guard import LockGuard
+    from volcano_locks.models import LockLease
 
-__all__ = ["VolcanoLockContended", "VolcanoLockLost", "VolcanoLockOperator"]
+__all__ = [
+    "DEFAULT_HANDOFF_TTL",
+    "LEASE_KWARG",
+    "LEASE_XCOM_KEY",
+    "ON_CONTENTION",
+    "VolcanoLockContended",
+    "VolcanoLockLost",
+    "VolcanoLockOperator",
+]
 
 ON_CONTENTION = ("wait", "skip", "fail")
-LEASE_XCOM_KEY = "volcano_lease"
-LEASE_KWARG = "volcano_lease"
 DEFAULT_HANDOFF_TTL = 300
 """Seconds a lease the trigger acquired waits for its task to resume (see the operator's docstring)."""
-HANDOFF_GROWTH_CAP = 4
-"""A lapsed handoff is retried with a longer allowance, at most this many times ``handoff_ttl``."""
-REPORT_EVERY = 60.0
-"""Seconds between two "Still waiting" lines of a wait in the worker slot."""
-_T = TypeVar("_T")
-_MAX_BACKOFF = 30.0  # the longest pause between two tries against an unreachable API (as the trigger)
-
-
-class VolcanoLockLost(AirflowException):
-    """The task lost ownership of its Volcano lock while the callable ran."""
-
-
-class VolcanoLockContended(AirflowException):
-    """The lock was held by another owner (``on_contention="fail"``, or the wait timed out)."""
-
-
-@dataclass(frozen=True)
-class _Handoff:
-    """What the trigger's event says about the lease it acquired for this task (all public)."""
-
-    fencing_token: int | None
-    acquired_at: datetime | None
-    allowance: int
-
-    @classmethod
-    def from_event(cls, event: Mapping[str, Any], default_allowance: int) -> _Handoff:
-        acquired_at = None
-        if isinstance(event.get("acquired_at"), str):
-            with contextlib.suppress(ValueError):
-                acquired_at = datetime.fromisoformat(event["acquired_at"])
-        allowance = event.get("handoff_ttl")
-        fencing = event.get("fencing_token")
-        return cls(
-            fencing_token=fencing if isinstance(fencing, int) and not isinstance(fencing, bool) else None,
-            acquired_at=acquired_at,
-            allowance=allowance if isinstance(allowance, int) and allowance > 0 else default_allowance,
-        )
-
-    def delay(self) -> float | None:
-        """Seconds from the trigger's acquisition to now (triggerer and worker clocks may differ)."""
-        if self.acquired_at is None:
-            return None
-        return time.time() - self.acquired_at.timestamp()
-
-    def describe_delay(self) -> str:
-        delay = self.delay()
-        return "an unknown time" if delay is None else f"{delay:.1f} s"
-
-
-def _holder_facts(state: LockState | None, lock_key: str | None = None) -> str:
-    from airflow_provider_volcano._provenance import read_holder
-
-    if state is None or not state.held:
-        return "held by another owner"
-    expires = state.expires_at.isoformat() if state.expires_at is not None else "unknown"
-    known = lock_key is not None and state.fencing_token is not None
-    provenance = read_holder(lock_key, state.fencing_token) if known and lock_key else None
-    if provenance is not None:
-        return f"{provenance.describe()}, until {expires}"
-    return f"held by another owner with fencing token {state.fencing_token} until {expires}"
 
 
 class VolcanoLockOperator(BaseOperator):
@@ -157,6 +112,9 @@ class VolcanoLockOperator(BaseOperator):
         volcano_conn_id: str = "volcano_default",
         **kwargs: Any,
     ) -> None:
+        # The core's rules, each in one place; imported here, not at module level (DAG parsing).
+        from volcano_locks.protocol import validate_key, validate_poll, validate_ttl, validate_wait_timeout
+
         super().__init__(**kwargs)
         if not callable(python_callable):
             raise TypeError(f"python_callable must be callable, got {python_callable!r}")
@@ -167,7 +125,7 @@ class VolcanoLockOperator(BaseOperator):
                     f"lock_key {lock_key!r} must not be given with lock_group: a group member runs "
                     "under the group's lock"
                 )
-            lock_key = ""  # set at run time from the group's lease (the rendered key)
+            lock_key = ""  # a member holds no lock of its own: the key is its group's
         elif not isinstance(lock_key, str) or not lock_key:
             raise ValueError(f"lock_key must be a non-empty string, got {lock_key!r}")
         elif "{{" not in lock_key and "{%" not in lock_key:
@@ -186,15 +144,9 @@ class VolcanoLockOperator(BaseOperator):
         self.deferrable = bool(deferrable)
         self.poll_interval = float(poll_interval)
         self.volcano_conn_id = volcano_conn_id
-        self._active: Any = None  # the guard of the running block, for on_kill
+        self._active: LockGuard | None = None  # the guard of the running body, for on_kill
         self._body_thread: int | None = None
         self._killed = False
-        self._waiter: TaskIdentity | None = None  # the try waiting (frees stranded handoffs)
-        self._reported_at = 0.0  # when the last "Still waiting" line was written (seconds waited)
-        self._look_client: VolcanoLocks | None = None  # for the looks at handoffs during an in-slot wait
-        self._ti: Any = None  # the running task instance (for the in-slot waiting marker)
-
-    # -- helpers ---------------------------------------------------------------------------------
 
     @cached_property
     def hook(self) -> VolcanoHook:
@@ -203,45 +155,23 @@ class VolcanoLockOperator(BaseOperator):
 
         return VolcanoHook(self.volcano_conn_id)
 
-    def _identity(self, context: Context, nonce: str) -> TaskIdentity:
-        from airflow_provider_volcano._tokens import TaskIdentity
-
-        return TaskIdentity.from_task_instance(context["ti"], nonce)
-
-    def _token(self, context: Context, nonce: str) -> str:
-        from airflow_provider_volcano._tokens import derive_token
-
-        return derive_token(self.hook.config.service_key, self._identity(context, nonce), self.lock_key)
-
-    def _holder(self, client: VolcanoLocks) -> LockState | None:
-        from volcano_locks import VolcanoError
-
-        try:
-            return client.get(self.lock_key)
-        except VolcanoError as exc:
-            self.log.warning("Could not read the holder of lock %r: %s", self.lock_key, exc)
-            return None
-
-    def _call(self, context: Context, lease: LockLease) -> Any:
-        from airflow.sdk.bases.decorator import determine_kwargs
-        from airflow.sdk.definitions.context import context_merge
-
-        facts = lease.public_dict()
-        context["ti"].xcom_push(key=LEASE_XCOM_KEY, value=facts)
-        context_merge(context, self.op_kwargs, **{LEASE_KWARG: facts})
-        kwargs = determine_kwargs(self.python_callable, self.op_args, context)
-        return self.python_callable(*self.op_args, **kwargs)
-
     # -- execution -------------------------------------------------------------------------------
 
     def execute(self, context: Context) -> Any:
         """Acquire the lock (or wait, skip, fail per ``on_contention``) and run the callable."""
+        if self.lock_group_task_id is not None:
+            from airflow_provider_volcano._member import run_member
+
+            return run_member(
+                context,
+                hook=self.hook,
+                acquire_task_id=self.lock_group_task_id,
+                body=partial(self._call, context),
+                log=self.log,
+                poll=self.poll_interval,
+            )
         from airflow_provider_volcano._tokens import new_nonce
 
-        if self.lock_group_task_id is not None:
-            from airflow_provider_volcano.operators.group import run_in_group
-
-            return run_in_group(self, context)
         deadline = None if self.wait_timeout is None else time.time() + self.wait_timeout
         # This try's owner nonce: drawn once, carried to the trigger and the resumed execution.
         return self._run_locked(context, deadline, new_nonce())
@@ -261,7 +191,9 @@ class VolcanoLockOperator(BaseOperator):
         # Echoed by the trigger too, where the deferral's method kwargs are not carried over (dag.test()).
         nonce = nonce or event.get("nonce")
         if status == "acquired":
-            handoff = _Handoff.from_event(event, self.handoff_ttl)
+            from airflow_provider_volcano._handoff import TriggerHandoff
+
+            handoff = TriggerHandoff.from_event(event, self.handoff_ttl)
             self.log.info(
                 "Trigger acquired lock %r (fencing token %s) %s before this resume (handoff "
                 "allowance %s s); resuming",
@@ -286,295 +218,153 @@ class VolcanoLockOperator(BaseOperator):
         )
 
     def _run_locked(
-        self, context: Context, deadline: float | None, nonce: str, handoff: _Handoff | None = None
+        self, context: Context, deadline: float | None, nonce: str, handoff: TriggerHandoff | None = None
     ) -> Any:
-        """Wait for, hold and run under the lock, for as long as the task's supervisor lives."""
-        from airflow_provider_volcano._supervision import SupervisorGone
+        """Acquire (or wait, skip, fail, defer), then hold and run, while the task's supervisor lives."""
+        from airflow_provider_volcano._provenance import write_holder
+        from airflow_provider_volcano._supervision import supervised
+        from airflow_provider_volcano._tokens import TaskIdentity
 
-        try:
-            with self._supervised(context):
-                return self._hold_and_run(context, deadline, nonce, handoff)
-        except SupervisorGone:
-            raise VolcanoLockLost(
-                f"The task's supervisor is gone: the task stopped its body and gave up lock "
-                f"{self.lock_key!r} (see the line before)"
-            ) from None
-
-    def _supervised(self, context: Context) -> Any:
-        """A :class:`~airflow_provider_volcano._supervision.SupervisorWatch` for this try."""
-        from airflow_provider_volcano._supervision import SupervisorWatch, task_log_file
-
-        def what() -> str:
-            guard = self._active
-            lease = getattr(guard, "lease", None)
-            held = f" (fencing token {lease.fencing_token})" if lease is not None else ""
-            return f"lock {self.lock_key!r}{held}"
-
-        return SupervisorWatch(self.log, what, task_log_file(context["ti"]))
-
-    def _hold_and_run(
-        self, context: Context, deadline: float | None, nonce: str, handoff: _Handoff | None = None
-    ) -> Any:
-        from volcano_locks import ConflictError, InvalidRequest, OwnershipLost, WaitTimeout
-
-        client = self.hook.get_client()
-        entered = False
-        guard: LockGuard | None = None
-        self._waiter, self._reported_at = self._identity(context, nonce), 0.0
-        self._ti = context["ti"]
-        try:
-            with contextlib.ExitStack() as stack:
-                stack.callback(client.close)
-                try:
-                    guard = self._enter(stack, client, self._token(context, nonce), deadline)
-                except WaitTimeout as exc:
-                    raise VolcanoLockContended(
-                        f"Timed out after {self.wait_timeout} s waiting for lock {self.lock_key!r}, "
-                        f"{_holder_facts(exc.holder, self.lock_key)}"
-                    ) from None
-                except ConflictError as exc:  # either 409 on acquisition: contention
-                    return self._contended(client, exc, context, deadline, nonce, handoff)
-                except InvalidRequest as exc:
-                    raise AirflowFailException(f"Invalid lock request for {self.lock_key!r}: {exc}") from None
-                entered = True
-                lease = guard.lease
-                assert lease is not None  # with_lock raised instead of entering without a lease
-                if handoff is not None:
-                    self._handoff_done(lease)
-                if handoff is not None and lease.fencing_token != handoff.fencing_token:
-                    self.log.warning(
-                        "The handoff of lock %r lapsed: this task resumed %s after its trigger acquired "
-                        "the lock (fencing token %s), beyond handoff_ttl=%s s. The lock was still free, "
-                        "so it was acquired anew (fencing token %s). Raise handoff_ttl above your "
-                        "executor's resume delay (queueing, pod start, pool slots).",
+        owner = TaskIdentity.from_task_instance(context["ti"], nonce)
+        gone = (
+            f"The task's supervisor is gone: the task stopped its body and gave up lock {self.lock_key!r} "
+            "(see the line before)"
+        )
+        with (
+            supervised(context["ti"], self.log, self._holding_what, lambda: gone),
+            contextlib.closing(self.hook.get_client()) as client,
+        ):
+            lease = self._acquire(client, context, owner, deadline, handoff)
+            if handoff is not None and lease.fencing_token != handoff.fencing_token:
+                self.log.warning(
+                    "%s",
+                    handoff.lapsed_line(
                         self.lock_key,
-                        handoff.describe_delay(),
-                        handoff.fencing_token,
-                        handoff.allowance,
-                        lease.fencing_token,
-                    )
-                self.log.info(
-                    "Holding lock %r (fencing token %s, ttl %s s, owner %s)",
-                    self.lock_key,
-                    lease.fencing_token,
-                    self.ttl,
-                    nonce,  # public: the token is derived from it and the service key
+                        "The lock was still free, so it was acquired anew "
+                        f"(fencing token {lease.fencing_token}).",
+                    ),
                 )
-                self._active, self._body_thread = guard, threading.get_ident()
-                from airflow_provider_volcano._provenance import write_holder
+            # The board's holder record, and the end of the handoff record: beside the body, not before.
+            bookkeeping = [partial(write_holder, context, self.lock_key, lease.fencing_token, self.ttl)]
+            if handoff is not None:
+                bookkeeping.insert(0, partial(self._handoff_done, lease, owner))
+            from airflow_provider_volcano._beside import beside
 
-                write_holder(context, self.lock_key, lease.fencing_token, self.ttl)
+            with beside(*bookkeeping, logger=self.log):
+                return self._hold(client, context, lease, nonce)
+
+    def _acquire(
+        self,
+        client: VolcanoLocks,
+        context: Context,
+        owner: TaskIdentity,
+        deadline: float | None,
+        handoff: TriggerHandoff | None,
+    ) -> LockLease:
+        """The lease, from the first answer or a wait in the slot; else skip, fail or defer (raises)."""
+        from airflow_provider_volcano._acquiring import acquire_answered, read_state, remaining
+        from volcano_locks.errors import ConflictError, InvalidRequest, WaitTimeout
+
+        token = self.hook.ownership_token(owner, self.lock_key)
+        try:
+            try:
+                return acquire_answered(
+                    client,
+                    self.lock_key,
+                    self.ttl,
+                    token,
+                    deadline=deadline,
+                    bound=f"wait_timeout={self.wait_timeout}",
+                    poll=self.poll_interval,
+                    log=self.log,
+                )
+            except ConflictError as exc:  # either 409: contention (or our own lapsed handoff)
+                if self.on_contention != "wait" or self.deferrable:
+                    self._contended(client, context, deadline, owner.nonce, handoff)
+                from airflow_provider_volcano._slot_wait import SlotWait
+
+                slot = SlotWait(self.hook, self.lock_key, owner, context["ti"], self.log)
+                slot.announce(
+                    exc.holder if exc.holder is not None else read_state(client, self.lock_key, self.log)
+                )
+                return slot.wait(client, self.ttl, token, remaining(deadline), self.poll_interval)
+        except WaitTimeout as exc:
+            from airflow_provider_volcano._acquiring import holder_facts
+
+            raise VolcanoLockContended(
+                f"Timed out after {self.wait_timeout} s waiting for lock {self.lock_key!r}, "
+                f"{holder_facts(exc.holder, self.lock_key)}"
+            ) from None
+        except InvalidRequest as exc:
+            raise AirflowFailException(f"Invalid lock request for {self.lock_key!r}: {exc}") from None
+
+    def _hold(self, client: VolcanoLocks, context: Context, lease: LockLease, nonce: str) -> Any:
+        """Run the callable under ``lease`` (kept by the core, interrupted on loss), then release it."""
+        from volcano_locks.errors import OwnershipLost
+        from volcano_locks.keeping import keep
+
+        self.log.info(
+            "Holding lock %r (fencing token %s, ttl %s s, owner %s)",
+            self.lock_key,
+            lease.fencing_token,
+            self.ttl,
+            nonce,  # public: the token is derived from it and the service key
+        )
+        try:
+            with keep(client, lease, interrupt=True) as guard:
+                self._active, self._body_thread = guard, threading.get_ident()
                 result = self._call(context, lease)
-            # Belt and braces: a loss the keeper noticed as the block ended still fails the task.
-            if guard is not None and guard.lost:
-                raise self._lost(guard.loss, lease)
-            self.log.info("Released lock %r (fencing token %s)", self.lock_key, lease.fencing_token)
-            return result
         except OwnershipLost as exc:
-            if not entered:
-                # Our own lease lapsed between the trigger's acquisition and this resume.
-                return self._contended(None, exc, context, deadline, nonce, handoff)
-            raise self._lost(exc, guard.lease if guard is not None else None) from None
+            self._release(client, self._latest(lease), quietly=True)
+            raise self._lost(exc, lease) from None
         except BaseException:
-            if (
-                entered
-                and guard is not None
-                and guard.lease is not None
-                and not guard.lost
-                and not self._killed
-            ):
-                # with_lock released it on the way out (a failed release is logged by the core).
+            if not self._killed and self._release(client, self._latest(lease), quietly=True):
                 self.log.info(
                     "Released lock %r (fencing token %s) after the callable failed",
                     self.lock_key,
-                    guard.lease.fencing_token,
+                    lease.fencing_token,
                 )
             raise
         finally:
+            latest = self._latest(lease)
             self._active = self._body_thread = None
-            self._close_look_client()
+        self._release(client, latest, quietly=False)
+        self.log.info("Released lock %r (fencing token %s)", self.lock_key, lease.fencing_token)
+        return result
 
-    def _enter(
-        self, stack: contextlib.ExitStack, client: VolcanoLocks, token: str, deadline: float | None
-    ) -> LockGuard:
-        """Enter ``with_lock`` with this task's token (see :meth:`_acquire_with` for the waiting)."""
+    def _call(self, context: Context, lease: LockLease) -> Any:
+        from airflow_provider_volcano._body import call_with_lease
 
-        def attempt(wait: bool, request_id: str, remaining: float | None) -> LockGuard:
-            return stack.enter_context(
-                client.with_lock(
-                    self.lock_key,
-                    self.ttl,
-                    token=token,
-                    request_id=request_id,
-                    on_contention="wait" if wait else "raise",
-                    wait_timeout=remaining,
-                    interrupt=True,
-                    on_waiting=self._still_waiting if wait else None,
-                    wait_policy=wait_policy() if wait else None,
-                )
-            )
+        return call_with_lease(self.python_callable, self.op_args, self.op_kwargs, context, lease)
 
-        return self._acquire_with(client, deadline, attempt)
+    def _latest(self, lease: LockLease) -> LockLease:
+        guard = self._active
+        return guard.lease if guard is not None and guard.lease is not None else lease
 
-    def _acquire_with(
-        self,
-        client: VolcanoLocks,
-        deadline: float | None,
-        attempt: Callable[[bool, str, float | None], _T],
-        *,
-        may_wait: bool = True,
-    ) -> _T:
-        """Run ``attempt(wait, request_id, remaining)``: wait out an unreachable API, and wait in the slot.
+    def _release(self, client: VolcanoLocks, lease: LockLease, *, quietly: bool) -> bool:
+        """Release ``lease``; a failure is logged (and raised unless ``quietly``)."""
+        from volcano_locks.errors import VolcanoError
 
-        The first try never waits, so ``skip``, ``fail`` and a deferral decide on an answer from the
-        server. No response, 503 and 429 are not an answer: they are retried with the same ownership
-        token and request id (the contract's recovery of an uncertain acquisition), backing off like
-        the trigger, until ``wait_timeout``. Contention with ``on_contention="wait"`` and
-        ``deferrable=False`` waits in this worker slot, and says so in the task log (unless
-        ``may_wait`` is off: a group member never waits for its group's lease).
-        """
-        from volcano_locks import ConflictError, RateLimited, TransportError, Unavailable
-
-        wait_in_slot = False
-        request_id = str(uuid.uuid4())
-        backoff = 0.0
-        while True:
-            remaining = None if deadline is None else max(0.0, deadline - time.time())
-            try:
-                return attempt(wait_in_slot, request_id, remaining)
-            except (TransportError, Unavailable, RateLimited) as exc:
-                if isinstance(exc, RateLimited):
-                    request_id = str(uuid.uuid4())  # a definite answer: the next try is a new operation
-                    delay = exc.retry_after if exc.retry_after is not None else self.poll_interval
-                else:
-                    backoff = min(_MAX_BACKOFF, max(self.poll_interval, backoff * 2))
-                    delay = backoff
-                if remaining is not None:
-                    if remaining <= 0:
-                        raise AirflowException(
-                            f"The Volcano lock API did not answer for lock {self.lock_key!r} within "
-                            f"wait_timeout={self.wait_timeout} s: {exc}"
-                        ) from None
-                    delay = min(delay, remaining)
-                self.log.warning(
-                    "Volcano lock API unavailable while acquiring lock %r (%s); trying again in "
-                    "%.1f s as the same owner (bounded by wait_timeout=%s)",
-                    self.lock_key,
-                    exc,
-                    delay,
-                    self.wait_timeout,
-                )
-                time.sleep(delay)
-            except ConflictError as exc:
-                if wait_in_slot or not may_wait or self.on_contention != "wait" or self.deferrable:
-                    raise
-                holder = exc.holder if exc.holder is not None else self._holder(client)
-                self.log.info(
-                    "Lock %r is %s; waiting for it in this worker slot (deferrable=False; the default "
-                    "follows [operators] default_deferrable, off unless set). To wait in the "
-                    "triggerer without holding a slot, pass deferrable=True or set "
-                    "[operators] default_deferrable = True.",
-                    self.lock_key,
-                    _holder_facts(holder, self.lock_key),
-                )
-                wait_in_slot = True
-                request_id = str(uuid.uuid4())
-                self._note_waiting()
-
-    def _note_waiting(self) -> None:
-        """Tell the lock board this try waits in its slot, and since when (best effort)."""
-        from airflow_provider_volcano._provenance import WAITING_XCOM_KEY
-
-        if self._ti is None:
-            return
         try:
-            self._ti.xcom_push(
-                key=WAITING_XCOM_KEY,
-                value={"lock_key": self.lock_key, "since": datetime.now(UTC).isoformat(timespec="seconds")},
-            )
-        except Exception as exc:
-            self.log.warning(
-                "Could not tell the lock board that this task waits for %r: %s", self.lock_key, exc
-            )
-
-    def _still_waiting(self, holder: LockState | None, waited: float) -> None:
-        """Look for a stranded handoff every few seconds of a wait in the worker slot; log every minute.
-
-        The line names the lock, the holder's fencing token, until when its lease runs and whether it
-        is a handoff to a task that has not resumed yet.
-        """
-        if waited < 1.0:
-            return  # the wait's start is announced by _acquire_with, with how to defer instead
-        if self._look_client is None:
-            self._look_client = self.hook.get_client()  # its own: the waiting client is mid-call
-        client = self._look_client
-        try:
-            record, state = self._look_at_handoff(client)
-        except Exception as exc:  # never let a look end the wait; say so and wait on
-            self.log.warning("Looking at the handoff record of lock %r failed: %s", self.lock_key, exc)
-            record, state = None, None
-        if waited - self._reported_at < REPORT_EVERY:
-            return
-        self._reported_at = waited
-        if holder is None or holder.fencing_token is None or holder.expires_at is None:
-            holder = self._holder(client)  # a refused acquisition says neither who nor until when
-        from airflow_provider_volcano._provenance import read_holder
-        from airflow_provider_volcano.triggers.lock import waiting_facts
-
-        self.log.info(
-            "Still waiting for lock %r in this worker slot after %.0f s; it is %s",
-            self.lock_key,
-            waited,
-            waiting_facts(holder, record, state, read_holder(self.lock_key)),
-        )
-
-    def _look_at_handoff(self, client: VolcanoLocks) -> tuple[HandoffRecord | None, object]:
-        """Free the lock's handoff lease if the try it was acquired for can no longer use it.
-
-        Returns the record still standing (or ``None``) and its owner's state, for the waiting lines.
-        """
-        from airflow_provider_volcano._handoff import (
-            clear_record,
-            lease_of,
-            owner_state,
-            read_record,
-            released_line,
-            unusable_because,
-        )
-        from airflow_provider_volcano._tokens import derive_token
-        from volcano_locks import ConflictError, VolcanoError
-        from volcano_locks.waiting import wake
-
-        record = read_record(self.lock_key)
-        if record is None or record.owner == self._waiter:
-            return record, None
-        state = owner_state(record.owner)
-        reason = unusable_because(record, state, self._waiter)
-        if reason is None:
-            return record, state
-        token = derive_token(self.hook.config.service_key, record.owner, self.lock_key)
-        try:
-            client.release(self.lock_key, lease_of(record, token))
-            self.log.info("%s", released_line(record, reason))
-        except ConflictError:
-            pass  # that try's lease is gone already (lapsed or released)
+            client.release(self.lock_key, lease)
         except VolcanoError as exc:
-            self.log.warning("Could not release the stranded handoff of lock %r: %s", self.lock_key, exc)
-            return record, state
-        clear_record(self.lock_key, record.fencing_token, self.log)
-        wake(self.lock_key)
-        return None, state
+            self.log.warning("Could not release lock %r: %s", self.lock_key, exc)
+            if not quietly:
+                raise
+            return False
+        return True
 
-    def _close_look_client(self) -> None:
-        client, self._look_client = self._look_client, None
-        if client is not None:
-            client.close()
+    def _holding_what(self) -> str:
+        """What the supervision watch names: the lock, and the fencing token once held."""
+        lease = self._active.lease if self._active is not None else None
+        held = f" (fencing token {lease.fencing_token})" if lease is not None else ""
+        return f"lock {self.lock_key!r}{held}"
 
-    def _handoff_done(self, lease: LockLease) -> None:
+    def _handoff_done(self, lease: LockLease, owner: TaskIdentity) -> None:
         """The resumed task holds the trigger's lease: it is no longer a handoff (delete the record)."""
         from airflow_provider_volcano._handoff import clear_record
 
-        clear_record(self.lock_key, lease.fencing_token, self.log, owner=self._waiter)
+        clear_record(self.lock_key, lease.fencing_token, self.log, owner=owner)
 
     def _lost(self, exc: BaseException | None, lease: LockLease | None = None) -> VolcanoLockLost:
         from airflow_provider_volcano._provenance import forced_line, read_forced
@@ -594,36 +384,25 @@ class VolcanoLockOperator(BaseOperator):
 
     def _contended(
         self,
-        client: VolcanoLocks | None,
-        exc: ConflictError,
+        client: VolcanoLocks,
         context: Context,
         deadline: float | None,
         nonce: str,
-        handoff: _Handoff | None = None,
-    ) -> Any:
-        holder = self._holder(client) if client is not None else None
-        facts = _holder_facts(holder, self.lock_key)
+        handoff: TriggerHandoff | None,
+    ) -> NoReturn:
+        """Skip, fail, time out or defer on a held lock (after a lapsed handoff: say so first)."""
+        from airflow_provider_volcano._acquiring import holder_facts, read_state
+
+        facts = holder_facts(read_state(client, self.lock_key, self.log), self.lock_key)
         allowance = self.handoff_ttl
         if handoff is not None:
-            delay = handoff.delay()
-            # Resume delays recur: the next handoff allows twice the one measured, within a bound.
-            if delay is not None:
-                allowance = min(
-                    MAX_TTL,
-                    HANDOFF_GROWTH_CAP * self.handoff_ttl,
-                    max(handoff.allowance, math.ceil(2 * delay)),
-                )
+            allowance = handoff.next_allowance(self.handoff_ttl)
             self.log.warning(
-                "The handoff of lock %r lapsed: this task resumed %s after its trigger acquired the "
-                "lock (fencing token %s), beyond handoff_ttl=%s s, and the lease is gone (the lock "
-                "is now %s). Raise handoff_ttl above your executor's resume delay (queueing, pod "
-                "start, pool slots); waiting again with a handoff allowance of %s s.",
-                self.lock_key,
-                handoff.describe_delay(),
-                handoff.fencing_token,
-                handoff.allowance,
-                facts,
-                allowance,
+                "%s",
+                handoff.lapsed_line(
+                    self.lock_key,
+                    f"The lock is now {facts}; waiting again with a handoff allowance of {allowance} s.",
+                ),
             )
         if self.on_contention == "skip":
             raise AirflowSkipException(f"Lock {self.lock_key!r} is {facts}; skipping (on_contention='skip')")
@@ -637,7 +416,8 @@ class VolcanoLockOperator(BaseOperator):
 
     def _defer(
         self, context: Context, deadline: float | None, facts: str, nonce: str, handoff_ttl: int
-    ) -> None:
+    ) -> NoReturn:
+        from airflow_provider_volcano._tokens import TaskIdentity
         from airflow_provider_volcano.triggers.lock import VolcanoLockTrigger
 
         self.log.info("Lock %r is %s; deferring until it is free (owner %s)", self.lock_key, facts, nonce)
@@ -646,7 +426,7 @@ class VolcanoLockOperator(BaseOperator):
                 volcano_conn_id=self.volcano_conn_id,
                 lock_key=self.lock_key,
                 ttl=self.ttl,
-                identity=self._identity(context, nonce).as_dict(),
+                identity=TaskIdentity.from_task_instance(context["ti"], nonce).as_dict(),
                 deadline=deadline,
                 poll=self.poll_interval,
                 handoff_ttl=handoff_ttl,
@@ -665,7 +445,7 @@ class VolcanoLockOperator(BaseOperator):
         guard, body_thread = self._active, self._body_thread
         if guard is None:
             return
-        from volcano_locks import VolcanoError
+        from volcano_locks.errors import VolcanoError
 
         self._killed = True
         lease = guard.lease
@@ -680,14 +460,6 @@ class VolcanoLockOperator(BaseOperator):
                 self.log.warning("Could not release lock %r on kill: %s", self.lock_key, exc)
         if threading.get_ident() == body_thread:
             raise self._lost(None)
-
-
-def wait_policy() -> WaitPolicy:
-    """The core's default wait policy, reporting (and so looking for a stranded handoff) every 5 s."""
-    from airflow_provider_volcano._handoff import LOOK_EVERY
-    from volcano_locks.waiting import WaitPolicy
-
-    return WaitPolicy(report_every=LOOK_EVERY)
 
 
 def _group_task_id(lock_group: Any) -> str | None:

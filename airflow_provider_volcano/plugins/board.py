@@ -142,6 +142,11 @@ class Waiter:
     since: datetime
     where: str
 
+    @classmethod
+    def of(cls, ti: Any, since: datetime, where: str) -> Waiter:
+        """The waiter that task instance row ``ti`` is, waiting since ``since`` (``where``: how)."""
+        return cls(ti.dag_id, ti.run_id, ti.task_id, ti.map_index, ti.try_number, _aware(since), where)
+
     def names(self) -> str:
         """The task instance as the board names it."""
         mapped = f" [{self.map_index}]" if self.map_index >= 0 else ""
@@ -231,18 +236,7 @@ def _deferred_waiters(session: Session) -> Iterable[tuple[str, Waiter]]:
             log.warning("could not read the kwargs of trigger %s: %s", trigger.id, exc)
             continue
         if isinstance(key, str):
-            yield (
-                key,
-                Waiter(
-                    ti.dag_id,
-                    ti.run_id,
-                    ti.task_id,
-                    ti.map_index,
-                    ti.try_number,
-                    _aware(trigger.created_date),
-                    "deferred",
-                ),
-            )
+            yield key, Waiter.of(ti, trigger.created_date, "deferred")
 
 
 def _slot_waiters(session: Session) -> Iterable[tuple[str, Waiter]]:
@@ -274,18 +268,7 @@ def _slot_waiters(session: Session) -> Iterable[tuple[str, Waiter]]:
             since = datetime.fromisoformat(str(value.get("since")))
         except ValueError:
             since = _aware(xcom.timestamp)
-        yield (
-            value["lock_key"],
-            Waiter(
-                ti.dag_id,
-                ti.run_id,
-                ti.task_id,
-                ti.map_index,
-                ti.try_number,
-                _aware(since),
-                "in its worker slot",
-            ),
-        )
+        yield value["lock_key"], Waiter.of(ti, since, "in its worker slot")
 
 
 def _dag_keys(session: Session) -> Iterable[tuple[str, str]]:

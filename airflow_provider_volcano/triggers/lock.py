@@ -30,7 +30,7 @@ from airflow_provider_volcano._handoff import (
     write_record,
 )
 from airflow_provider_volcano._provenance import HolderRecord, read_holder
-from airflow_provider_volcano._tokens import TaskIdentity, derive_token
+from airflow_provider_volcano._tokens import TaskIdentity
 
 if TYPE_CHECKING:
     from airflow_provider_volcano.hooks.volcano import VolcanoHook
@@ -132,18 +132,18 @@ _WATCHES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, _Handof
 )
 
 
-async def _look_at_handoffs(watch: _HandoffWatch, client: AsyncVolcanoLocks, service_key: str) -> None:
+async def _look_at_handoffs(watch: _HandoffWatch, client: AsyncVolcanoLocks, hook: VolcanoHook) -> None:
     """Look at the key's handoff record every few seconds until cancelled (see :class:`_HandoffWatch`)."""
     watches = _WATCHES.get(asyncio.get_running_loop(), {})
     while True:
         try:
-            await _look_once(watch, client, service_key)
+            await _look_once(watch, client, hook)
         except Exception:  # a watch that dies silently would strand its waiters again: say so, go on
             logger.exception("looking at the handoff record of lock %r failed; looking again", watch.key)
         await asyncio.sleep(max(LOOK_EVERY, len(watches) / _RECORD_READS_PER_SECOND))
 
 
-async def _look_once(watch: _HandoffWatch, client: AsyncVolcanoLocks, service_key: str) -> None:
+async def _look_once(watch: _HandoffWatch, client: AsyncVolcanoLocks, hook: VolcanoHook) -> None:
     """One look: read the record, ask for its owner's state, free the lease if the owner cannot use it."""
     from asgiref.sync import sync_to_async
 
@@ -157,7 +157,7 @@ async def _look_once(watch: _HandoffWatch, client: AsyncVolcanoLocks, service_ke
         watch.state = await sync_to_async(owner_state)(record.owner)
         reason = watch.unusable_because(record)
         if reason is not None:
-            token = derive_token(service_key, record.owner, watch.key)
+            token = hook.ownership_token(record.owner, watch.key)
             try:
                 await client.release(watch.key, lease_of(record, token))
                 watch.log_info(released_line(record, reason))
@@ -174,7 +174,7 @@ async def _look_once(watch: _HandoffWatch, client: AsyncVolcanoLocks, service_ke
 
 @asynccontextmanager
 async def _handoff_watch(
-    key: str, client: AsyncVolcanoLocks, service_key: str, waiter: TaskIdentity | None, log: Any
+    key: str, client: AsyncVolcanoLocks, hook: VolcanoHook, waiter: TaskIdentity | None, log: Any
 ) -> AsyncIterator[_HandoffWatch]:
     """This event loop's watch of ``key``'s handoff record (started by its first waiter)."""
     watches = _WATCHES.setdefault(asyncio.get_running_loop(), {})
@@ -189,7 +189,7 @@ async def _handoff_watch(
             # Not in this trigger's context (the triggerer routes log lines by it): the watch serves
             # every trigger on the key, and outlives this one if others still wait.
             watch.task = asyncio.create_task(
-                _look_at_handoffs(watch, client, service_key), context=contextvars.Context()
+                _look_at_handoffs(watch, client, hook), context=contextvars.Context()
             )
     try:
         yield watch
@@ -313,7 +313,7 @@ async def wait_for_lock(
     timeout = None if deadline is None else max(0.0, deadline - time.time())
     async with (
         _shared_client(hook) as client,
-        _handoff_watch(key, client, hook.config.service_key, waiter, log) as watch,
+        _handoff_watch(key, client, hook, waiter, log) as watch,
     ):
         try:
             lease = await client.wait_acquire(
@@ -431,13 +431,13 @@ class VolcanoLockTrigger(BaseTrigger):
 
         hook = VolcanoHook(self.volcano_conn_id)
         try:
-            config = await hook.aget_config()
+            await hook.aget_config()  # parsed once: the token below and the client use it
         except VolcanoConnectionError as exc:
             yield self._event(STATUS_ERROR, str(exc))
             return
-        token = derive_token(config.service_key, TaskIdentity.from_dict(self.identity), self.lock_key)
         # The handoff allowance, not the task's TTL: the lease must outlive the task's resume.
         identity = TaskIdentity.from_dict(self.identity)
+        token = hook.ownership_token(identity, self.lock_key)
         outcome = await wait_for_lock(
             hook, self.lock_key, token, self.handoff_ttl, self.deadline, self.poll, self.log, identity
         )

@@ -451,23 +451,24 @@ def test_a_wait_in_the_worker_slot_reports_every_minute_naming_the_holder(
     from volcano_locks import LockState
 
     held = outside.acquire(unique_key, 30)
+    from airflow_provider_volcano._slot_wait import SlotWait
+
     op = _op(unique_key)
-    op._still_waiting(LockState(held=True, fencing_token=7), 0.0)  # the start: announced already
+    wait = SlotWait(op.hook, unique_key, None, None, op.log)
+    wait.on_waiting(LockState(held=True, fencing_token=7), 0.0)  # the start: announced already
     for waited in (5.0, 10.0, 55.0):
-        op._still_waiting(None, waited)  # looks for a stranded handoff only
-    op._still_waiting(
-        LockState(held=True, expires_at=held.expires_at, fencing_token=held.fencing_token), 61.2
-    )
-    op._still_waiting(LockState(held=True), 66.0)
+        wait.on_waiting(None, waited)  # looks for a stranded handoff only
+    wait.on_waiting(LockState(held=True, expires_at=held.expires_at, fencing_token=held.fencing_token), 61.2)
+    wait.on_waiting(LockState(held=True), 66.0)
     # A refused acquisition says neither who nor until when: the line reads the holder.
-    op._still_waiting(LockState(held=True), 122.0)
+    wait.on_waiting(LockState(held=True), 122.0)
     lines = _lines(capfd, f"Still waiting for lock {unique_key!r}")
     assert len(lines) == 2, lines
     facts = f"fencing token {held.fencing_token} until {held.expires_at.isoformat()}"
     for line, after in zip(lines, ("after 61 s", "after 122 s"), strict=True):
         assert after in line and facts in line, line
         assert "not a handoff" in line, line
-    op._close_look_client()  # what the end of a wait does
+    wait.close()  # what the end of a wait does
     outside.release(unique_key, held)
 
 
