@@ -15,8 +15,8 @@ import httpx
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from server.helpers import exchange, responses
 
+from tests.server.helpers import exchange, responses
 from volcano_locks.server.harness import LocalServer
 
 from .fuzzing import FUZZ
