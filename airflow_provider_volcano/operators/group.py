@@ -25,9 +25,8 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.configuration import conf
-from airflow.sdk.exceptions import AirflowFailException
 
+from airflow_provider_volcano._compat import AirflowFailException, conf
 from airflow_provider_volcano.operators.lock import (
     DEFAULT_HANDOFF_TTL,
     VolcanoLockContended,

@@ -14,9 +14,9 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.configuration import conf
-from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
+from airflow.sdk.exceptions import AirflowException
 
+from airflow_provider_volcano._compat import AirflowFailException, AirflowSkipException, conf
 from volcano_locks.protocol import MAX_TTL, validate_key, validate_poll, validate_ttl, validate_wait_timeout
 
 if TYPE_CHECKING:
@@ -223,8 +223,9 @@ class VolcanoLockOperator(BaseOperator):
             return None
 
     def _call(self, context: Context, lease: LockLease) -> Any:
-        from airflow.sdk.bases.decorator import determine_kwargs
         from airflow.sdk.definitions.context import context_merge
+
+        from airflow_provider_volcano._compat import determine_kwargs
 
         facts = lease.public_dict()
         context["ti"].xcom_push(key=LEASE_XCOM_KEY, value=facts)
