@@ -28,8 +28,9 @@ def call_with_lease(
     The callable gets the facts as ``volcano_lease`` if it has that parameter; the ownership token is
     never among them.
     """
-    from airflow.sdk.bases.decorator import determine_kwargs
     from airflow.sdk.definitions.context import context_merge
+
+    from airflow_provider_volcano._compat import determine_kwargs
 
     facts = lease.public_dict()
     context["ti"].xcom_push(key=LEASE_XCOM_KEY, value=facts)

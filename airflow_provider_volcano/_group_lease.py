@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk.exceptions import AirflowFailException
+from airflow_provider_volcano._compat import AirflowFailException
 
 if TYPE_CHECKING:
     from airflow.sdk import Context

@@ -8,10 +8,9 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk.exceptions import AirflowFailException
-
 from airflow_provider_volcano._acquiring import acquire_answered, holder_facts, read_state
 from airflow_provider_volcano._beside import beside
+from airflow_provider_volcano._compat import AirflowFailException
 from airflow_provider_volcano._group_lease import group_token, pull_group
 from airflow_provider_volcano._supervision import supervised
 from airflow_provider_volcano.exceptions import VolcanoLockLost

@@ -43,7 +43,8 @@ def task_log_file(ti: object) -> Path | None:
     """The local log file Airflow's file task handler writes for this try (``None`` if unknown)."""
     try:
         import jinja2
-        from airflow.sdk.configuration import conf
+
+        from airflow_provider_volcano._compat import conf
 
         template = conf.get("logging", "log_filename_template")
         base = conf.get("logging", "base_log_folder")

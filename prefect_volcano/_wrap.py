@@ -105,7 +105,8 @@ def _lock_function(fn: Callable[..., Any], spec: LockSpec, scope: Scope) -> Call
             return _outcome(holding, value)
 
         wrapper = sync_locked
-    # Prefect derives the task key and the cache's source hash from the user's function.
+    # Prefect 3.9+ derives the task key from the user's function through this attribute (the cache's
+    # source hash follows __wrapped__ on every version); older ones derive it from the wrapper.
     wrapper.__prefect_task_source__ = fn  # type: ignore[attr-defined]
     return wrapper
 

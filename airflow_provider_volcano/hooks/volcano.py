@@ -217,7 +217,7 @@ class VolcanoHook(BaseHook):
         """Fetch and parse the connection without blocking the event loop (for triggers)."""
         if self._config is not None:
             return self._config
-        from airflow.sdk.log import amask_secret
+        from airflow_provider_volcano._compat import amask_secret
 
         config = parse_connection(await self.aget_connection(self.volcano_conn_id))
         await amask_secret(config.service_key)

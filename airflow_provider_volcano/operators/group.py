@@ -23,8 +23,8 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.configuration import conf
 
+from airflow_provider_volcano._compat import conf
 from airflow_provider_volcano._group_lease import GROUP_XCOM_KEY, group_token, pull_group
 from airflow_provider_volcano.exceptions import VolcanoLockLost
 from airflow_provider_volcano.operators.lock import DEFAULT_HANDOFF_TTL, VolcanoLockOperator

@@ -21,10 +21,10 @@ from functools import cached_property, partial
 from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.configuration import conf
-from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
+from airflow.sdk.exceptions import AirflowException
 
 from airflow_provider_volcano._body import LEASE_KWARG, LEASE_XCOM_KEY
+from airflow_provider_volcano._compat import AirflowFailException, AirflowSkipException, conf
 from airflow_provider_volcano.exceptions import VolcanoLockContended, VolcanoLockLost
 
 if TYPE_CHECKING:

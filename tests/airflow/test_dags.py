@@ -26,9 +26,9 @@ TESTED = {
 @pytest.fixture(scope="module")
 def dagbag(airflow_db):
     # The bundle-aware bag puts dags/ on sys.path, as the dag processor and workers do.
-    from airflow.dag_processing.dagbag import BundleDagBag
+    from airflow_versions import bundle_dag_bag
 
-    return BundleDagBag(dag_folder=str(DAGS), bundle_path=DAGS, bundle_name="dags-folder")
+    return bundle_dag_bag(DAGS)
 
 
 @pytest.fixture

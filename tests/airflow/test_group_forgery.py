@@ -14,7 +14,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from airflow.sdk.exceptions import AirflowFailException
+from airflow_versions import AirflowFailException
 
 from airflow_provider_volcano._tokens import (
     ForgedGroup,

@@ -8,7 +8,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from airflow.sdk.exceptions import AirflowException, AirflowSkipException, TaskDeferred
+from airflow.sdk.exceptions import AirflowException
+from airflow_versions import AirflowSkipException, TaskDeferred
 
 from airflow_provider_volcano._tokens import TaskIdentity, derive_token, new_nonce
 from airflow_provider_volcano.operators.lock import (

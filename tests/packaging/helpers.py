@@ -35,9 +35,10 @@ class Dist:
     wheel: Path
     sdist: Path
 
-    def constraints(self, extra: str) -> Path:
-        """The pip constraints file for one extra."""
-        return self.directory / f"constraints-{extra}.txt"
+    def constraints(self, extra: str, orchestrator: str = "newest") -> Path:
+        """The pip constraints file for one extra, with the newest or the oldest supported orchestrator."""
+        suffix = "" if orchestrator == "newest" else f"-{orchestrator}"
+        return self.directory / f"constraints-{extra}{suffix}.txt"
 
 
 @dataclass(frozen=True)
@@ -70,9 +71,13 @@ def clean_env(venv: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def install(dist: Dist, extra: str, where: Path, **env: str) -> Venv:
-    """``python -m venv``, then ``pip install '<wheel>[extra]' -c constraints-<extra>.txt`` (timed)."""
-    root = where / f"venv-{extra}"
+def install(dist: Dist, extra: str, where: Path, orchestrator: str = "newest", **env: str) -> Venv:
+    """``python -m venv``, then ``pip install '<wheel>[extra]' -c <constraints>`` (timed).
+
+    ``orchestrator``: ``newest`` or ``oldest``, which supported Airflow or Prefect the constraints pin.
+    """
+    constraints = dist.constraints(extra, orchestrator)
+    root = where / f"venv-{extra}-{orchestrator}"
     subprocess.run([sys.executable, "-m", "venv", str(root)], check=True, timeout=120)
     workdir = where / "work"
     workdir.mkdir(exist_ok=True)
@@ -84,7 +89,7 @@ def install(dist: Dist, extra: str, where: Path, **env: str) -> Venv:
         "pip",
         "install",
         "--constraint",
-        str(dist.constraints(extra)),
+        str(constraints),
         f"{dist.wheel}[{extra}]",
         timeout=INSTALL_TIMEOUT_S,
     )
@@ -92,7 +97,5 @@ def install(dist: Dist, extra: str, where: Path, **env: str) -> Venv:
     assert done.returncode == 0, (
         f"pip install [{extra}] failed:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
     )
-    line = (
-        f"pip install '{dist.wheel.name}[{extra}]' -c constraints-{extra}.txt into a fresh venv: {took:.1f} s"
-    )
+    line = f"pip install '{dist.wheel.name}[{extra}]' -c {constraints.name} into a fresh venv: {took:.1f} s"
     return dataclasses.replace(venv, install_line=line)
