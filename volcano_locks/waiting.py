@@ -128,9 +128,11 @@ class WaitPolicy:
         cap: ... up to this many seconds (never below ``poll``).
         report_every: Seconds between ``on_waiting`` reports.
         follow_turnover: While the lock passes a line (its holder has held less than twice what its
-            predecessor did), keep looking every ``poll`` instead of backing off. For a poller that
-            stands for many waiters (the Airflow triggerer: one poll per key for all its triggers);
-            separate waiting processes leave it off, since each of them would look that often.
+            predecessor did, or less than that plus ``cap``), look every half ``poll`` instead of
+            backing off: the next handoff is due, and each half second it is not seen leaves the
+            lock idle. For a poller that stands for many waiters (the Airflow triggerer: one poll
+            per key for all its triggers); separate waiting processes leave it off, since each of
+            them would look that often.
     """
 
     poll: float = 1.0
@@ -265,11 +267,15 @@ class _KeyWait:
             self.tenure = now - self.changed_at
         self.changed_at = now
 
-    def in_turnover(self, now: float) -> bool:
-        """The lock is passing a line: its holder has held less than twice its predecessor's tenure."""
+    def in_turnover(self, now: float, slack: float) -> bool:
+        """The lock is passing a line: its holder has held under twice (or ``slack`` s over) the last tenure.
+
+        The slack covers a holder that is slow to start its work (an Airflow task resuming from
+        its trigger can take twenty seconds of scheduling before it holds for its few seconds).
+        """
         if self.tenure is None or self.changed_at is None:
             return False
-        return now - self.changed_at < 2 * self.tenure
+        return now - self.changed_at < max(2 * self.tenure, self.tenure + slack)
 
     def head(self) -> _Waiter | None:
         with self.lock:
@@ -534,13 +540,14 @@ def _settle(
     def look_later(holder: LockState | None) -> None:
         if not is_head:
             return
+        # A poller for many waiters looks every half poll while a line passes (the next handoff is
+        # due); past twice the last tenure (and its slack) it is a long holder: back off, cost little.
+        turnover = policy.follow_turnover and entry.in_turnover(now, policy.cap)
         delay = policy.poll if entry.delay is None else entry.delay
         entry.next_look_at = now + poll_delay(
-            holder, poll=delay, now=wall, draw=rng(), renewing=entry.renewing
+            holder, poll=policy.poll / 2 if turnover else delay, now=wall, draw=rng(), renewing=entry.renewing
         )
-        # A poller for many waiters keeps looking every poll while a line passes (the next handoff is
-        # due); past twice the last tenure it is a long holder: back off, cost little.
-        if not (policy.follow_turnover and entry.in_turnover(now)):
+        if not turnover:
             entry.delay = policy.grown(delay, same_holder=not entry.moved)
 
     if isinstance(outcome, LockLease):

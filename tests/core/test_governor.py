@@ -605,14 +605,14 @@ def _look_intervals(policy: WaitPolicy, fencings: list[int]) -> list[float]:
 
 
 def test_a_poller_for_many_waiters_keeps_looking_while_a_line_passes() -> None:
-    fencings = [3, 4, 4, 5, *[5] * 10]  # 4 is seen from t=5, 5 from t=8: 5's predecessor held 3 s
+    fencings = [3, 4, 4, 5, *[5] * 26]  # 4 is seen from t=5, 5 from t=8: 5's predecessor held 3 s
     plain = WaitPolicy(poll=1.0, factor=2.0, cap=8.0)
     # Separate processes back off as before: each of them would look that often.
-    assert _look_intervals(plain, fencings) == pytest.approx([1, 4, 1, 2, 1, 2, *[8] * 9])
-    # The trigger's one poll per key looks every second while 5 has held under twice 3 s (to t=14),
-    # then takes it for a long holder and backs off.
+    assert _look_intervals(plain, fencings) == pytest.approx([1, 4, 1, 2, 1, 2, *[8] * 25])
+    # The trigger's one poll per key looks every half poll while 5 has held under 3 s plus the cap
+    # (more than twice 3 s: to t=19), then takes it for a long holder and backs off.
     turnover = dataclasses.replace(plain, follow_turnover=True)
-    assert _look_intervals(turnover, fencings) == pytest.approx([1, 4, 1, 2, 1, *[1] * 6, 4, 8, 8, 8])
+    assert _look_intervals(turnover, fencings) == pytest.approx([1, 4, 1, 2, *[0.5] * 22, 1, 4, 8, 8, 8])
 
 
 def test_a_lock_seen_free_then_taken_by_another_resets_the_backoff() -> None:
