@@ -111,6 +111,8 @@ def _run_batch(
     wall = time.time() - started
 
     requests = [r for r in server.requests() if r.get("path", "").startswith(f"/locks/{key}")]
+    if dump := os.environ.get("BENCH_HANDOFF_DUMP"):  # the lock's request log and the records, to study
+        Path(dump, f"{row}.json").write_text(json.dumps({"requests": requests, "records": done()}))
     releases = sorted(r["time"] for r in requests if r["op"] == "release" and r["status"] == 204)
     grants = sorted(
         (r["time"], r["token_sha256"]) for r in requests if r["op"] == "acquire" and r["status"] == 201

@@ -261,7 +261,41 @@ def drain_row(srv: LocalServer, waiters: int = 20, hold: float = 75.0) -> dict[s
     last = max(r["released"] for r in results)
     spent = _waiting_requests(srv, key, started, last)
     during = _waiting_requests(srv, key, released, last)
-    return {"drain": last - released, "ideal": waiters * 1.0, "spent": spent, "during": during, "hold": hold}
+    kinds = _drain_kinds([r for r in srv.requests() if key in r.get("path", "")], started, released, last)
+    return {
+        "drain": last - released,
+        "ideal": waiters * 1.0,
+        "spent": spent,
+        "during": during,
+        "hold": hold,
+        "kinds": kinds,
+    }
+
+
+def _drain_kinds(
+    log: list[dict[str, object]], started: float, released: float, last: float
+) -> dict[str, int]:
+    """Where a line's waiting requests go: the long hold, and during the drain a lock held or free."""
+    kinds = dict.fromkeys(("hold", "held", "free", "granted", "refused", "429"), 0)
+    free = False  # during the drain: between a release and the next grant (the lock changing hands)
+    for r in sorted(log, key=lambda r: float(r["time"])):  # type: ignore[arg-type]
+        at, op, status = float(r["time"]), r.get("op"), r.get("status")  # type: ignore[arg-type]
+        if op == "release" and status == 204 and at >= released:
+            free = True
+        if op not in ("get", "acquire") or not started <= at <= last:
+            continue
+        if status == 429:
+            kinds["429"] += 1
+        elif op == "acquire" and status in (200, 201):
+            kinds["granted"] += 1
+            free = False
+        elif at < released:
+            kinds["hold"] += 1
+        elif op == "acquire":
+            kinds["refused"] += 1
+        else:
+            kinds["free" if free else "held"] += 1
+    return kinds
 
 
 def main() -> None:
@@ -337,6 +371,14 @@ def main() -> None:
         print(
             f"| 20 x 1 s after a {d['hold']:.0f} s hold | {d['drain']:.1f} | {d['ideal']:.0f} "
             f"| {d['drain'] / d['ideal']:.2f} | {d['spent']} | {d['during']} |"
+        )
+        k = d["kinds"]
+        assert isinstance(k, dict)
+        print(
+            f"\nwhere they went: {k['hold']} during the {d['hold']:.0f} s hold; in the drain"
+            f" {k['held']} looks while a waiter held the lock, {k['free']} while it was free"
+            " (changing hands),"
+            f" {k['refused']} refused and {k['granted']} granted acquisitions; {k['429']} 429s"
         )
 
 

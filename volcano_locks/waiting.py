@@ -10,12 +10,13 @@ engine spends deliberately:
   the key's knowledge (holder, backoff) and carries on.
 * **Backoff that learns from what it sees.** The first attempt goes straight to ``acquire`` (an
   uncontended lock costs one request). While the lock stays held, the head looks (``get``) after
-  ``poll`` seconds, then ``factor`` times longer each time up to ``cap`` (jittered ±20 %). Each look
-  tells it something: the **fencing token moved** since the last look (or the lock was seen free and
-  then taken by someone else) means the lock is changing hands, a line of short jobs is passing, so the
-  backoff resets to ``poll`` and the next handoff is seen within about ``poll`` seconds; the **same
-  holder seen renewing** (same token, later expiry) means a long holder, so the backoff grows twice as
-  fast (``factor`` squared) to cost little. When the holder's ``expires_at`` comes sooner and it is
+  ``poll`` seconds, then longer each time up to ``cap`` (jittered ±35 %, :data:`JITTER`). Each look tells it
+  something: the **fencing token moved** since the last look (or the lock was seen free and then
+  taken by someone else) means the lock is changing hands, a line of short jobs is passing, so the
+  backoff resets to ``poll``, grows by ``factor`` only, and the next handoff is seen within about
+  ``poll`` seconds; the **same holder seen again** (same token) means the holder is not passing the
+  lock on soon, so the backoff grows twice as fast (``factor`` squared) and a long holder costs little.
+  When the holder's ``expires_at`` comes sooner and it is
   *not* seen renewing, the look is moved to ``expires_at`` plus the server's one-second takeover
   grace: a crashed holder is taken over on time, a renewing one is not polled at its (ever-moving)
   expiry. See :func:`poll_delay`. Arithmetic of a line: ``n`` waiting processes, each holding for ``h``
@@ -84,6 +85,7 @@ from volcano_locks.protocol import (
 __all__ = [
     "FLOOR",
     "GRACE",
+    "JITTER",
     "AsyncWaitClient",
     "Contention",
     "OnWaiting",
@@ -102,6 +104,12 @@ FLOOR = 0.25
 """The shortest sleep between two looks at one key, in seconds."""
 GRACE = 1.0
 """The server's takeover grace after ``expires_at``, in seconds."""
+JITTER = 0.35
+"""Each sleep between looks is the interval times a uniform draw from ``1 ± JITTER``.
+
+Wide enough that waiting processes started together are looking at unrelated moments after a few
+looks: when a long hold ends, they then see it one by one (the first within about ``cap / n``
+seconds of the release) instead of in clusters that leave the lock idle in between."""
 
 OnWaiting = Callable[[LockState | None, float], object]
 """``on_waiting(holder, waited_seconds)``: called when a wait starts and about every minute after."""
@@ -112,17 +120,21 @@ class WaitPolicy:
     """How often a waiting key is looked at (see the module docstring for the arithmetic).
 
     The engine learns within these bounds: a fencing token that moved between looks resets the
-    interval to ``poll``; the same holder seen renewing grows it by ``factor`` squared.
+    interval to ``poll`` and grows it by ``factor``; the same holder seen again grows it by ``factor``
+    squared.
 
     Attributes:
         poll: Seconds before the first look after a refused attempt, and after the lock changed hands.
-        factor: Each look that finds the same holder waits this many times longer, ...
+        factor: A look that finds a new holder waits this many times longer (squared for the same
+            holder seen again), ...
         cap: ... up to this many seconds (never below ``poll``).
         report_every: Seconds between ``on_waiting`` reports.
         follow_turnover: While the lock passes a line (its holder has held less than twice what its
-            predecessor did), keep looking every ``poll`` instead of backing off. For a poller that
-            stands for many waiters (the Airflow triggerer: one poll per key for all its triggers);
-            separate waiting processes leave it off, since each of them would look that often.
+            predecessor did, or less than that plus ``cap``), look every half ``poll`` instead of
+            backing off: the next handoff is due, and each half second it is not seen leaves the
+            lock idle. For a poller that stands for many waiters (the Airflow triggerer: one poll
+            per key for all its triggers); separate waiting processes leave it off, since each of
+            them would look that often.
     """
 
     poll: float = 1.0
@@ -131,9 +143,9 @@ class WaitPolicy:
     report_every: float = 60.0
     follow_turnover: bool = False
 
-    def grown(self, delay: float, *, renewing: bool = False) -> float:
-        """The delay after ``delay``: multiplied by ``factor`` (squared for a renewing holder), capped."""
-        return min(max(self.cap, self.poll), delay * self.factor ** (2 if renewing else 1))
+    def grown(self, delay: float, *, same_holder: bool = False) -> float:
+        """The delay after ``delay``: times ``factor`` (squared for the same holder seen again), capped."""
+        return min(max(self.cap, self.poll), delay * self.factor ** (2 if same_holder else 1))
 
 
 def poll_delay(
@@ -145,7 +157,7 @@ def poll_delay(
     floor: float = FLOOR,
     renewing: bool = False,
 ) -> float:
-    """Seconds to sleep before the next look: jittered ``poll``, cut to the holder's expiry + grace.
+    """Seconds to sleep before the next look: jittered ``poll`` (:data:`JITTER`), cut to expiry + grace.
 
     Args:
         holder: What is known of the current holder (``None``: nothing).
@@ -156,7 +168,7 @@ def poll_delay(
         renewing: The holder was seen renewing (its expiry moved): its expiry says nothing about when
             the lock will be free, so the delay is not cut to it.
     """
-    delay = poll * (0.8 + 0.4 * draw)
+    delay = poll * (1 - JITTER + 2 * JITTER * draw)
     if holder is not None and holder.expires_at is not None and not renewing:
         # A little spread past the grace keeps waiters in different processes from arriving together.
         until_free = (holder.expires_at - now).total_seconds() + GRACE + 0.2 * draw
@@ -243,6 +255,7 @@ class _KeyWait:
     waiters: deque[_Waiter] = field(default_factory=deque)
     holder: LockState | None = None
     renewing: bool = False
+    moved: bool = False  # the last look found the lock changed hands since the one before
     delay: float | None = None
     next_look_at: float = -math.inf
     free_seen: bool = False
@@ -256,11 +269,15 @@ class _KeyWait:
             self.tenure = now - self.changed_at
         self.changed_at = now
 
-    def in_turnover(self, now: float) -> bool:
-        """The lock is passing a line: its holder has held less than twice its predecessor's tenure."""
+    def in_turnover(self, now: float, slack: float) -> bool:
+        """The lock is passing a line: its holder has held under twice (or ``slack`` s over) the last tenure.
+
+        The slack covers a holder that is slow to start its work (an Airflow task resuming from
+        its trigger can take twenty seconds of scheduling before it holds for its few seconds).
+        """
         if self.tenure is None or self.changed_at is None:
             return False
-        return now - self.changed_at < 2 * self.tenure
+        return now - self.changed_at < max(2 * self.tenure, self.tenure + slack)
 
     def head(self) -> _Waiter | None:
         with self.lock:
@@ -286,14 +303,15 @@ class _KeyWait:
     def seen_held(self, state: LockState, now: float) -> None:
         """Fold in a look (or a refusal) that found the lock held: renewing? changed hands?"""
         old = self.holder
-        if old is not None and (
+        self.moved = old is not None and (
             not old.held
             or (
                 old.fencing_token is not None
                 and state.fencing_token is not None
                 and state.fencing_token != old.fencing_token
             )
-        ):
+        )
+        if self.moved:
             self.delay = None  # the lock changed hands since the last look: a line is passing
             self.changed_hands(now)
         self.renewing = (
@@ -524,14 +542,15 @@ def _settle(
     def look_later(holder: LockState | None) -> None:
         if not is_head:
             return
+        # A poller for many waiters looks every half poll while a line passes (the next handoff is
+        # due); past twice the last tenure (and its slack) it is a long holder: back off, cost little.
+        turnover = policy.follow_turnover and entry.in_turnover(now, policy.cap)
         delay = policy.poll if entry.delay is None else entry.delay
         entry.next_look_at = now + poll_delay(
-            holder, poll=delay, now=wall, draw=rng(), renewing=entry.renewing
+            holder, poll=policy.poll / 2 if turnover else delay, now=wall, draw=rng(), renewing=entry.renewing
         )
-        # A poller for many waiters keeps looking every poll while a line passes (the next handoff is
-        # due); past twice the last tenure it is a long holder: back off, cost little.
-        if not (policy.follow_turnover and entry.in_turnover(now)):
-            entry.delay = policy.grown(delay, renewing=entry.renewing)
+        if not turnover:
+            entry.delay = policy.grown(delay, same_holder=not entry.moved)
 
     if isinstance(outcome, LockLease):
         waiter.direct = waiter.uncertain = False
@@ -540,7 +559,7 @@ def _settle(
             entry.holder = LockState(True, outcome.expires_at, outcome.fencing_token)
             entry.renewing = False
             entry.free_seen = False
-            entry.delay = None
+            entry.delay, entry.moved = None, True
             entry.changed_hands(now)  # our own waiter holds it now: the next in line times its tenure
         entry.next_look_at = now + poll_delay(None, poll=policy.poll, now=wall, draw=rng())
         return outcome

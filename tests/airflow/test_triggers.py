@@ -71,8 +71,9 @@ async def test_waiting_triggers_share_one_poller_and_one_release_wakes_one(
     tasks = [asyncio.create_task(_first_event(t)) for t in triggers]
     await asyncio.sleep(3.0)
     gets = [r for r in volcano_conn.requests() if unique_key in r.get("path", "") and r.get("op") == "get"]
-    # Eight triggers, one poll: about one read per 0.5 s interval (not eight).
-    assert 3 <= len(gets) <= 9, len(gets)
+    # Eight triggers, one poll backing off from 0.5 s (the same holder seen again: x factor squared),
+    # two or three reads in 3 s; eight pollers would send eight times as many.
+    assert 2 <= len(gets) <= 9, len(gets)
     outside.release(unique_key, held)
     await asyncio.wait(tasks, timeout=5, return_when=asyncio.FIRST_COMPLETED)
     await asyncio.sleep(1.0)

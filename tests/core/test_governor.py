@@ -203,7 +203,8 @@ def test_first_attempt_acquires_then_looks_back_off_to_the_cap() -> None:
         step = flow.send(None)
         assert step == _Send("get")
         step = flow.send(_held(3600, fencing=3))  # the same expiry each time: a long, quiet lease
-    assert looks == pytest.approx([1.0, 2.0, 4.0, 8.0, 8.0, 8.0])  # poll, x2, ..., cap (jitter at its middle)
+    # poll, then x4 (factor squared: the same holder seen again), then the cap (jitter at its middle)
+    assert looks == pytest.approx([1.0, 4.0, 8.0, 8.0, 8.0, 8.0])
 
 
 def test_a_holder_that_does_not_renew_is_looked_at_its_expiry_plus_grace() -> None:
@@ -575,8 +576,9 @@ def test_the_backoff_resets_when_the_fencing_token_moves() -> None:
         step = flow.send(LockState(True, expiry, fencing))
     assert isinstance(step, _Block)
     looks.append(step.until - clock.now)
-    # 3 seen at 1, 2, 4 s; then 4 (moved: back to 1), 4 again (2), 5 (1), 6 (1), 6 again (2).
-    assert looks == pytest.approx([1.0, 2.0, 4.0, 8.0, 1.0, 2.0, 1.0, 1.0, 2.0])
+    # 3 seen again and again: x4 to the cap; then 4 (moved: back to 1, then x2 only), 4 again (2, then
+    # x4), 5 (1), 6 (1), 6 again (2).
+    assert looks == pytest.approx([1.0, 4.0, 8.0, 8.0, 1.0, 2.0, 1.0, 1.0, 2.0])
 
 
 def _look_intervals(policy: WaitPolicy, fencings: list[int]) -> list[float]:
@@ -603,14 +605,14 @@ def _look_intervals(policy: WaitPolicy, fencings: list[int]) -> list[float]:
 
 
 def test_a_poller_for_many_waiters_keeps_looking_while_a_line_passes() -> None:
-    fencings = [3, 4, 4, 5, *[5] * 10]  # 4 is seen from t=3, 5 from t=6: 5's predecessor held 3 s
+    fencings = [3, 4, 4, 5, *[5] * 26]  # 4 is seen from t=5, 5 from t=8: 5's predecessor held 3 s
     plain = WaitPolicy(poll=1.0, factor=2.0, cap=8.0)
     # Separate processes back off as before: each of them would look that often.
-    assert _look_intervals(plain, fencings) == pytest.approx([1, 2, 1, 2, 1, 2, 4, *[8] * 8])
-    # The trigger's one poll per key looks every second while 5 has held under twice 3 s (to t=12),
-    # then takes it for a long holder and backs off.
+    assert _look_intervals(plain, fencings) == pytest.approx([1, 4, 1, 2, 1, 2, *[8] * 25])
+    # The trigger's one poll per key looks every half poll while 5 has held under 3 s plus the cap
+    # (more than twice 3 s: to t=19), then takes it for a long holder and backs off.
     turnover = dataclasses.replace(plain, follow_turnover=True)
-    assert _look_intervals(turnover, fencings) == pytest.approx([1, 2, 1, 2, 1, *[1] * 6, 2, 4, 8, 8])
+    assert _look_intervals(turnover, fencings) == pytest.approx([1, 4, 1, 2, *[0.5] * 22, 1, 4, 8, 8, 8])
 
 
 def test_a_lock_seen_free_then_taken_by_another_resets_the_backoff() -> None:
@@ -629,9 +631,10 @@ def test_a_lock_seen_free_then_taken_by_another_resets_the_backoff() -> None:
     assert isinstance(step, _Block) and step.until - clock.now == pytest.approx(1.0)
 
 
-def test_a_renewing_holder_backs_the_looks_off_twice_as_fast() -> None:
+@pytest.mark.parametrize("renews", [30.0, 0.0])
+def test_the_same_holder_seen_again_backs_the_looks_off_twice_as_fast(renews: float) -> None:
     clock, entry, waiter = Clock(), _KeyWait("k"), _waiter()
-    policy = WaitPolicy(poll=1.0, factor=2.0, cap=64.0)
+    policy = WaitPolicy(poll=1.0, factor=2.0, cap=64.0, report_every=600.0)
     flow = _flow(entry, waiter, governor(600, clock), clock, policy=policy)
     next(flow)
     step = flow.send(LockContention("held", holder=_held(3600, fencing=3)))
@@ -641,9 +644,9 @@ def test_a_renewing_holder_backs_the_looks_off_twice_as_fast() -> None:
         looks.append(step.until - clock.now)
         clock.now = step.until
         flow.send(None)
-        expiry += 30.0  # the same holder renewed since the last look
+        expiry += renews  # renewed since the last look, or not: the same holder either way
         step = flow.send(_held(expiry, fencing=3))
-    assert looks == pytest.approx([1.0, 2.0, 8.0, 32.0])  # 1, then x2 (not yet seen renewing), then x4
+    assert looks == pytest.approx([1.0, 4.0, 16.0, 64.0])  # x4 (factor squared) each time
 
 
 # ------------------------------------------------------------------- simulated fleets (injected time)

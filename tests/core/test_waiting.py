@@ -12,7 +12,7 @@ import pytest
 
 from volcano_locks import AsyncVolcanoLocks, InvalidRequest, LockState, RateLimited, VolcanoLocks, WaitTimeout
 from volcano_locks.server.harness import LocalServer
-from volcano_locks.waiting import FLOOR, SharedPolls, poll_delay
+from volcano_locks.waiting import FLOOR, JITTER, SharedPolls, poll_delay
 
 NOW = datetime(2026, 11, 29, 10, 0, 0, tzinfo=UTC)
 
@@ -25,8 +25,8 @@ def held_until(seconds: float) -> LockState:
 
 
 @pytest.mark.parametrize("draw", [0.0, 0.5, 0.9999])
-def test_poll_is_jittered_within_twenty_percent(draw: float) -> None:
-    assert 0.8 * 5 <= poll_delay(None, poll=5, now=NOW, draw=draw) <= 1.2 * 5
+def test_poll_is_jittered_within_jitter(draw: float) -> None:
+    assert (1 - JITTER) * 5 <= poll_delay(None, poll=5, now=NOW, draw=draw) <= (1 + JITTER) * 5
 
 
 def test_never_longer_than_expiry_plus_grace() -> None:
@@ -113,8 +113,8 @@ async def test_async_waiters_share_one_poll(volcano_server: LocalServer, unique_
             await c.aclose()
     assert sorted(order) == order and len(set(order)) == 5
     # One look per ~0.5 s for all five waiters together (five separate pollers would send ~5x).
-    assert gets_while_held <= 2.0 / (0.8 * 0.5) + 2
-    assert _gets(volcano_server, unique_key) <= elapsed / (0.8 * 0.5) + 6
+    assert gets_while_held <= 2.0 / ((1 - JITTER) * 0.5) + 2
+    assert _gets(volcano_server, unique_key) <= elapsed / ((1 - JITTER) * 0.5) + 6
     assert SharedPolls.active() == 0
 
 
@@ -139,7 +139,7 @@ def test_threads_share_one_poll(volcano_server: LocalServer, unique_key: str) ->
         for t in threads:
             t.join(30)
     assert len(set(tokens)) == 4
-    assert gets_while_held <= 2.0 / (0.8 * 0.5) + 2
+    assert gets_while_held <= 2.0 / ((1 - JITTER) * 0.5) + 2
 
 
 async def test_unrelated_credentials_do_not_share(volcano_server: LocalServer, unique_key: str) -> None:
