@@ -14,7 +14,6 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from airflow_versions import AirflowFailException
 
 from airflow_provider_volcano._tokens import (
     ForgedGroup,
@@ -30,6 +29,7 @@ from airflow_provider_volcano.operators.group import (
     VolcanoLockGroupReleaseOperator,
 )
 from airflow_provider_volcano.operators.lock import VolcanoLockOperator
+from tests.airflow.helpers import AirflowFailException
 from volcano_locks.server.service import hash_token
 
 ACQUIRE = "g.volcano_lock_acquire"

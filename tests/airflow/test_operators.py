@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 from airflow.sdk.exceptions import AirflowException
-from airflow_versions import AirflowSkipException, TaskDeferred
 
 from airflow_provider_volcano._tokens import TaskIdentity, derive_token, new_nonce
 from airflow_provider_volcano.operators.lock import (
@@ -18,6 +17,7 @@ from airflow_provider_volcano.operators.lock import (
     VolcanoLockOperator,
 )
 from airflow_provider_volcano.triggers.lock import VolcanoLockTrigger
+from tests.airflow.helpers import AirflowSkipException, TaskDeferred
 
 
 class _TI(SimpleNamespace):
