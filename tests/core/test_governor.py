@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from volcano_locks import InvalidRequest, LockContention, LockState, RateLimited, TransportError
+from volcano_locks._steps import Send, Wait
 from volcano_locks.governor import (
     BLACKOUT_SPREAD,
     BUSY_SHARE,
@@ -27,7 +28,7 @@ from volcano_locks.governor import (
     validate_wait_budget,
 )
 from volcano_locks.models import LockLease
-from volcano_locks.waiting import WaitPolicy, _Block, _KeyWait, _Send, _wait_flow, _Waiter, wake
+from volcano_locks.waiting import WaitPolicy, _KeyWait, _wait_flow, _Waiter, wake
 
 
 class Clock:
@@ -178,7 +179,7 @@ def _held(seconds: float, fencing: int = 3) -> LockState:
     return LockState(True, datetime.now(UTC) + timedelta(seconds=seconds), fencing)
 
 
-Flow = Generator[_Block | _Send, object, LockLease]
+Flow = Generator[Wait | Send, object, LockLease]
 
 
 def _flow(entry: _KeyWait, waiter: _Waiter, gov: Governor, clock: Clock, **kw: object) -> Flow:
@@ -193,15 +194,15 @@ def test_first_attempt_acquires_then_looks_back_off_to_the_cap() -> None:
     clock, entry, waiter = Clock(), _KeyWait("k"), _waiter()
     gov = governor(600, clock)
     flow = _flow(entry, waiter, gov, clock)
-    assert next(flow) == _Send("acquire")
+    assert next(flow) == Send("acquire")
     step = flow.send(LockContention("held", holder=None))
     looks = []
     for _ in range(6):
-        assert isinstance(step, _Block)
+        assert isinstance(step, Wait)
         looks.append(step.until - clock.now)
         clock.now = step.until
         step = flow.send(None)
-        assert step == _Send("get")
+        assert step == Send("get")
         step = flow.send(_held(3600, fencing=3))  # the same expiry each time: a long, quiet lease
     # poll, then x4 (factor squared: the same holder seen again), then the cap (jitter at its middle)
     assert looks == pytest.approx([1.0, 4.0, 8.0, 8.0, 8.0, 8.0])
@@ -212,7 +213,7 @@ def test_a_holder_that_does_not_renew_is_looked_at_its_expiry_plus_grace() -> No
     flow = _flow(entry, waiter, governor(600, clock), clock, policy=WaitPolicy(poll=30.0, cap=30.0))
     next(flow)
     step = flow.send(LockContention("held", holder=_held(5.0)))
-    assert isinstance(step, _Block)
+    assert isinstance(step, Wait)
     assert 5.0 + 1.0 <= step.until - clock.now <= 5.0 + 1.2  # expiry + grace, not the 30 s poll
 
 
@@ -221,11 +222,11 @@ def test_a_renewing_holders_moving_expiry_does_not_pull_looks_forward() -> None:
     flow = _flow(entry, waiter, governor(600, clock), clock, policy=WaitPolicy(poll=20.0, cap=20.0))
     next(flow)
     step = flow.send(LockContention("held", holder=_held(10.0, fencing=4)))
-    assert isinstance(step, _Block) and step.until - clock.now == pytest.approx(11.1, abs=0.2)
+    assert isinstance(step, Wait) and step.until - clock.now == pytest.approx(11.1, abs=0.2)
     clock.now = step.until
-    assert flow.send(None) == _Send("get")
+    assert flow.send(None) == Send("get")
     step = flow.send(_held(14.0, fencing=4))  # same holder, later expiry: it renews
-    assert isinstance(step, _Block) and step.until - clock.now == pytest.approx(20.0)
+    assert isinstance(step, Wait) and step.until - clock.now == pytest.approx(20.0)
 
 
 def test_a_lock_seen_free_is_acquired_next_ahead_of_the_budget() -> None:
@@ -237,10 +238,10 @@ def test_a_lock_seen_free_is_acquired_next_ahead_of_the_budget() -> None:
     step = flow.send(LockContention("held"))
     clock.now = step.until  # type: ignore[union-attr]
     step = flow.send(None)
-    assert isinstance(step, _Block) and step.until > clock.now + 50  # the read waits for the budget
+    assert isinstance(step, Wait) and step.until > clock.now + 50  # the read waits for the budget
     clock.now = step.until
-    assert flow.send(None) == _Send("get")
-    assert flow.send(LockState(held=False)) == _Send("acquire")  # at once, no second budget wait
+    assert flow.send(None) == Send("get")
+    assert flow.send(LockState(held=False)) == Send("acquire")  # at once, no second budget wait
     with pytest.raises(StopIteration) as done:
         flow.send(_lease())
     assert done.value.value.fencing_token == 9
@@ -255,9 +256,9 @@ def test_wake_turns_a_booked_read_into_an_immediate_acquisition() -> None:
     step = flow.send(LockContention("held"))
     clock.now = step.until  # type: ignore[union-attr]
     step = flow.send(None)
-    assert isinstance(step, _Block) and step.until > clock.now + 50
+    assert isinstance(step, Wait) and step.until > clock.now + 50
     assert entry.wake_head() is True  # what wake(key) does for each matching queue
-    assert flow.send(None) == _Send("acquire")
+    assert flow.send(None) == Send("acquire")
 
 
 def test_only_the_head_looks_and_a_newcomer_tries_once_first() -> None:
@@ -265,12 +266,12 @@ def test_only_the_head_looks_and_a_newcomer_tries_once_first() -> None:
     gov = governor(600, clock)
     first, second = _waiter(), _waiter()
     head = _flow(entry, first, gov, clock)
-    assert next(head) == _Send("acquire")
-    assert isinstance(head.send(LockContention("held")), _Block)
+    assert next(head) == Send("acquire")
+    assert isinstance(head.send(LockContention("held")), Wait)
     other = _flow(entry, second, gov, clock, timeout=5.0)
-    assert next(other) == _Send("acquire")  # its own lease may be live already (a restarted trigger)
+    assert next(other) == Send("acquire")  # its own lease may be live already (a restarted trigger)
     step = other.send(LockContention("held"))
-    assert step == _Block(clock.now + 5.0)  # then it queues: no looks of its own until its deadline
+    assert step == Wait(clock.now + 5.0)  # then it queues: no looks of its own until its deadline
     clock.now += 5.0
     with pytest.raises(Exception, match="still held after waiting 5 s"):
         other.send(None)
@@ -283,7 +284,7 @@ def test_rate_limited_looks_wait_for_retry_after() -> None:
     next(flow)
     gov.note_rate_limited("acquire", 7.0)  # what the client does when the 429 arrives
     step = flow.send(RateLimited("slow down", retry_after=7.0))
-    assert isinstance(step, _Block) and step.until >= 1007.0
+    assert isinstance(step, Wait) and step.until >= 1007.0
 
 
 def test_an_uncertain_acquisition_is_retried_with_the_same_request_id() -> None:
@@ -293,7 +294,7 @@ def test_an_uncertain_acquisition_is_retried_with_the_same_request_id() -> None:
     request_id = waiter.request_id
     step = flow.send(TransportError("no answer"))
     clock.now = step.until  # type: ignore[union-attr]
-    assert flow.send(None) == _Send("acquire") and waiter.request_id == request_id
+    assert flow.send(None) == Send("acquire") and waiter.request_id == request_id
 
 
 def test_on_waiting_reports_at_the_start_and_every_minute() -> None:
@@ -313,7 +314,7 @@ def test_on_waiting_reports_at_the_start_and_every_minute() -> None:
     while clock.now < 1000 + 130:
         clock.now = step.until  # type: ignore[union-attr]
         step = flow.send(None)
-        if isinstance(step, _Send):
+        if isinstance(step, Send):
             step = flow.send(_held(3600, fencing=5))
     assert [w for _, w in reports] == pytest.approx([0.0, 60.0, 120.0])
 
@@ -330,10 +331,10 @@ def test_a_refusal_that_does_not_name_the_holder_is_followed_by_one_look_before_
         on_waiting=lambda h, w: reports.append(h.fencing_token if h else None),
     )
     next(flow)
-    assert flow.send(LockContention("held")) == _Send("get")  # at once: who holds it?
+    assert flow.send(LockContention("held")) == Send("get")  # at once: who holds it?
     assert reports == []
     step = flow.send(_held(3600, fencing=8))
-    assert reports == [8] and isinstance(step, _Block)
+    assert reports == [8] and isinstance(step, Wait)
 
 
 def test_wake_without_waiters_wakes_nothing() -> None:
@@ -515,26 +516,26 @@ def test_no_waiting_request_is_sent_inside_a_blackout_however_it_was_booked() ->
     for n in range(50):
         entry, waiter = _KeyWait(f"k{n}"), _waiter(f"k{n}")
         flow = _flow(entry, waiter, gov, clock, policy=WaitPolicy(poll=1.0, cap=1.0))
-        assert next(flow) == _Send("acquire")
+        assert next(flow) == Send("acquire")
         flows.append([flow, flow.send(LockContention("held", holder=_held(3600, fencing=n + 1)))])
         entries.append(entry)
     clock.now += 1.0
     for pair in flows:
         pair[1] = pair[0].send(None)
     for n, pair in enumerate(flows):  # the looks due now go out before the 429 arrives
-        if isinstance(pair[1], _Send):
+        if isinstance(pair[1], Send):
             pair[1] = pair[0].send(_held(3600, fencing=n + 1))
     gov.note_rate_limited("renew", 20.0)  # then a holder's renewal is refused
     blackout_end = gov.blocked_until
-    booked = [step.until for _, step in flows if isinstance(step, _Block) and step.until < blackout_end]
+    booked = [step.until for _, step in flows if isinstance(step, Wait) and step.until < blackout_end]
     assert len(booked) >= 30  # looks booked before the 429 for slots inside its blackout
     sends: list[float] = []
     while clock.now < 1000 + 60:
         for n, pair in enumerate(flows):
             flow, step = pair
-            if isinstance(step, _Block) and step.until <= clock.now:
+            if isinstance(step, Wait) and step.until <= clock.now:
                 pair[1] = step = flow.send(None)
-            if isinstance(step, _Send):
+            if isinstance(step, Send):
                 sends.append(clock.now)
                 pair[1] = flow.send(_held(3600, fencing=n + 1))
         clock.now += 0.25
@@ -552,13 +553,13 @@ def test_a_booked_look_comes_due_inside_a_blackout_and_waits_for_its_end() -> No
     gov.reserve()  # the bucket is empty: the look will be booked a second ahead
     clock.now = step.until  # type: ignore[union-attr]
     step = flow.send(None)
-    assert isinstance(step, _Block)  # booked for a slot ahead
+    assert isinstance(step, Wait)  # booked for a slot ahead
     gov.note_rate_limited("renew", 12.0)  # the 429 arrives after the booking
     clock.now = step.until
     step = flow.send(None)
-    assert isinstance(step, _Block) and step.until == gov.blocked_until  # not sent at its slot
+    assert isinstance(step, Wait) and step.until == gov.blocked_until  # not sent at its slot
     clock.now = step.until
-    assert flow.send(None) == _Send("get")
+    assert flow.send(None) == Send("get")
 
 
 def test_the_backoff_resets_when_the_fencing_token_moves() -> None:
@@ -569,12 +570,12 @@ def test_the_backoff_resets_when_the_fencing_token_moves() -> None:
     step = flow.send(LockContention("held", holder=LockState(True, expiry, 3)))
     looks = []
     for fencing in (3, 3, 3, 4, 4, 5, 6, 6):
-        assert isinstance(step, _Block)
+        assert isinstance(step, Wait)
         looks.append(step.until - clock.now)
         clock.now = step.until
-        assert flow.send(None) == _Send("get")
+        assert flow.send(None) == Send("get")
         step = flow.send(LockState(True, expiry, fencing))
-    assert isinstance(step, _Block)
+    assert isinstance(step, Wait)
     looks.append(step.until - clock.now)
     # 3 seen again and again: x4 to the cap; then 4 (moved: back to 1, then x2 only), 4 again (2, then
     # x4), 5 (1), 6 (1), 6 again (2).
@@ -590,17 +591,17 @@ def _look_intervals(policy: WaitPolicy, fencings: list[int]) -> list[float]:
     step = flow.send(LockContention("held", holder=LockState(True, expiry, fencings[0])))
     looks: list[float] = []
     for fencing in fencings:
-        assert isinstance(step, _Block)
+        assert isinstance(step, Wait)
         looks.append(step.until - clock.now)
         clock.now = step.until
         step = flow.send(None)
-        while isinstance(step, _Block):  # a wait report's horizon cuts the block in two
+        while isinstance(step, Wait):  # a wait report's horizon cuts the block in two
             looks[-1] += step.until - clock.now
             clock.now = step.until
             step = flow.send(None)
-        assert step == _Send("get")
+        assert step == Send("get")
         step = flow.send(LockState(True, expiry, fencing))
-    assert isinstance(step, _Block)
+    assert isinstance(step, Wait)
     return [*looks, step.until - clock.now]
 
 
@@ -626,9 +627,9 @@ def test_a_lock_seen_free_then_taken_by_another_resets_the_backoff() -> None:
         step = flow.send(_held(3600, fencing=3))  # grown to 8 s by now
     clock.now = step.until  # type: ignore[union-attr]
     flow.send(None)
-    assert flow.send(LockState(held=False)) == _Send("acquire")
+    assert flow.send(LockState(held=False)) == Send("acquire")
     step = flow.send(LockContention("held", holder=None))  # another process won the race
-    assert isinstance(step, _Block) and step.until - clock.now == pytest.approx(1.0)
+    assert isinstance(step, Wait) and step.until - clock.now == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize("renews", [30.0, 0.0])
@@ -640,7 +641,7 @@ def test_the_same_holder_seen_again_backs_the_looks_off_twice_as_fast(renews: fl
     step = flow.send(LockContention("held", holder=_held(3600, fencing=3)))
     looks, expiry = [], 3600.0
     for _ in range(4):
-        assert isinstance(step, _Block)
+        assert isinstance(step, Wait)
         looks.append(step.until - clock.now)
         clock.now = step.until
         flow.send(None)
@@ -796,7 +797,7 @@ def simulate_line(processes: int = 20, first_hold: float = 75.0, hold: float = 1
         entry.waiters.append(waiter)
         rng = random.Random(n).random
         flows.append(_wait_flow(entry, waiter, gov, WaitPolicy(), None, None, sim.clock, rng, lock.wall))
-    steps: list[_Block | _Send | None] = [None] * processes
+    steps: list[Wait | Send | None] = [None] * processes
     acquired_at: dict[int, float] = {}
     released_at: dict[int, float] = {}
     sent, next_renewal = 0, 10.0
@@ -818,8 +819,8 @@ def simulate_line(processes: int = 20, first_hold: float = 75.0, hold: float = 1
             if t < 1.0 + 0.1 * n:
                 continue  # the waiters arrive one after another
             step = steps[n] or next(flow)
-            while not (isinstance(step, _Block) and step.until > sim.clock.now):
-                if isinstance(step, _Block):
+            while not (isinstance(step, Wait) and step.until > sim.clock.now):
+                if isinstance(step, Wait):
                     step = flow.send(None)
                     continue
                 gov.note_waiting()

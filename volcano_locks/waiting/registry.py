@@ -1,0 +1,174 @@
+"""The per-key queues of waiters and what they know of the lock, shared in a process; and :func:`wake`."""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from volcano_locks.models import LockState
+from volcano_locks.waiting.waiter import _Waiter
+
+__all__ = ["SharedPolls", "wake"]
+
+logger = logging.getLogger("volcano_locks.waiting")
+
+
+@dataclass(eq=False)
+class _KeyWait:
+    """One key's queue of waiters and what they know about the lock (shared by its waiters)."""
+
+    key: str
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    waiters: deque[_Waiter] = field(default_factory=deque)
+    holder: LockState | None = None
+    renewing: bool = False
+    moved: bool = False  # the last look found the lock changed hands since the one before
+    delay: float | None = None
+    next_look_at: float = -math.inf
+    free_seen: bool = False
+    woken: bool = False
+    changed_at: float | None = None  # lease-clock time the current holder was first seen
+    tenure: float | None = None  # how long the holder before it held, as seen from here
+
+    def changed_hands(self, now: float) -> None:
+        """The lock has a new holder since the last look: remember how long the previous one held."""
+        if self.changed_at is not None:
+            self.tenure = now - self.changed_at
+        self.changed_at = now
+
+    def in_turnover(self, now: float, slack: float) -> bool:
+        """The lock is passing a line: its holder has held under twice (or ``slack`` s over) the last tenure.
+
+        The slack covers a holder that is slow to start its work (an Airflow task resuming from
+        its trigger can take twenty seconds of scheduling before it holds for its few seconds).
+        """
+        if self.tenure is None or self.changed_at is None:
+            return False
+        return now - self.changed_at < max(2 * self.tenure, self.tenure + slack)
+
+    def head(self) -> _Waiter | None:
+        with self.lock:
+            return self.waiters[0] if self.waiters else None
+
+    def wake_head(self) -> bool:
+        with self.lock:
+            self.woken = True
+            head = self.waiters[0] if self.waiters else None
+        if head is not None:
+            head.signal.set()
+        return head is not None
+
+    def leave(self, waiter: _Waiter) -> None:
+        with self.lock:
+            was_head = bool(self.waiters) and self.waiters[0] is waiter
+            if waiter in self.waiters:
+                self.waiters.remove(waiter)
+            head = self.waiters[0] if self.waiters else None
+        if was_head and head is not None:
+            head.signal.set()
+
+    def seen_held(self, state: LockState, now: float) -> None:
+        """Fold in a look (or a refusal) that found the lock held: renewing? changed hands?"""
+        old = self.holder
+        self.moved = old is not None and (
+            not old.held
+            or (
+                old.fencing_token is not None
+                and state.fencing_token is not None
+                and state.fencing_token != old.fencing_token
+            )
+        )
+        if self.moved:
+            self.delay = None  # the lock changed hands since the last look: a line is passing
+            self.changed_hands(now)
+        self.renewing = (
+            old is not None
+            and old.fencing_token is not None
+            and old.fencing_token == state.fencing_token
+            and old.expires_at is not None
+            and state.expires_at is not None
+            and state.expires_at > old.expires_at
+        )
+        self.holder = state
+        self.free_seen = False
+
+
+class SharedPolls:
+    """Registry of the per-key queues, scoped by ``(scope, API URL, credential fingerprint, key)``.
+
+    The scope is ``"thread"`` for sync waiters (one process) and the running event loop for async
+    waiters. Keying by URL and credential fingerprint means waiters share a poll only when the server
+    would see them as the same project asking about the same lock, which is exactly when sharing is
+    safe. Several clients built from one connection (many Airflow triggers in one triggerer, each with
+    its own client) do share, which is the point. An entry lives only while waiters use it.
+    """
+
+    _guard: ClassVar[threading.Lock] = threading.Lock()
+    _entries: ClassVar[dict[tuple[object, str, str, str], _KeyWait]] = {}
+    _users: ClassVar[dict[tuple[object, str, str, str], int]] = {}
+
+    @classmethod
+    @contextmanager
+    def join(cls, scope: object, api_url: str, credential_id: str, waiter: _Waiter) -> Iterator[_KeyWait]:
+        """Queue ``waiter`` on its key's shared poll for the duration of the block."""
+        ident = (scope, api_url, credential_id, waiter.key)
+        with cls._guard:
+            entry = cls._entries.get(ident)
+            if entry is None:
+                entry = cls._entries[ident] = _KeyWait(waiter.key)
+            cls._users[ident] = cls._users.get(ident, 0) + 1
+        with entry.lock:
+            entry.waiters.append(waiter)
+        try:
+            yield entry
+        finally:
+            entry.leave(waiter)
+            with cls._guard:
+                cls._users[ident] -= 1
+                if cls._users[ident] == 0:
+                    del cls._users[ident]
+                    cls._entries.pop(ident, None)
+
+    @classmethod
+    def active(cls) -> int:
+        """How many keys currently have a shared poll (for tests and diagnostics)."""
+        with cls._guard:
+            return len(cls._entries)
+
+    @classmethod
+    def matching(cls, key: str, api_url: str | None, credential_id: str | None) -> list[_KeyWait]:
+        """The queues waiting on ``key`` (of that API URL and credential, where given)."""
+        with cls._guard:
+            return [
+                entry
+                for (_, url, cred, k), entry in cls._entries.items()
+                if k == key
+                and (api_url is None or url == api_url)
+                and (credential_id is None or cred == credential_id)
+            ]
+
+
+def wake(key: str, *, api_url: str | None = None, credential_id: str | None = None) -> int:
+    """Make every queue in this process waiting on ``key`` try to acquire it at once.
+
+    Callable from any thread. The woken head still spends its request from the waiting budget (ahead
+    of reads) and still honours a 429's ``Retry-After``.
+
+    Args:
+        key: The lock key that was released.
+        api_url: Only waiters of this API URL (``None``: any).
+        credential_id: Only waiters of this credential fingerprint (``None``: any).
+
+    Returns:
+        How many key queues had a waiter to wake.
+    """
+    woken = sum(1 for entry in SharedPolls.matching(key, api_url, credential_id) if entry.wake_head())
+    if woken:
+        logger.debug("woke %d waiting queue(s) for lock %r", woken, key)
+    return woken
