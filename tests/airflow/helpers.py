@@ -20,12 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-import airflow
 import pytest
-from packaging.version import Version
-
-from airflow_provider_volcano._compat import AirflowFailException as AirflowFailException
-from airflow_provider_volcano._compat import AirflowSkipException as AirflowSkipException
 
 DAGS = Path(__file__).resolve().parents[2] / "dags"
 STACK_DAGS = Path(__file__).resolve().parent / "stack_dags"  # DAGs only the full-stack tests run
@@ -407,42 +402,3 @@ def dag_stack(
             for dag_id in dag_ids:
                 stack.unpause_when_parsed(dag_id, timeout=parse_timeout)
             yield stack
-
-
-# -- what the tests import differently on the oldest supported Airflow (3.1) and the newest ---------------
-# (the provider's own differences are in airflow_provider_volcano._compat; these are the tests' only)
-
-try:  # Airflow 3.2+
-    from airflow.sdk.exceptions import AirflowNotFoundException as AirflowNotFoundException
-    from airflow.sdk.exceptions import TaskDeferred as TaskDeferred
-except ImportError:  # Airflow 3.1
-    from airflow.exceptions import AirflowNotFoundException as AirflowNotFoundException
-    from airflow.exceptions import TaskDeferred as TaskDeferred
-
-AIRFLOW_VERSION = Version(Version(airflow.__version__).base_version)
-# Airflow 3.2 reads the connection form (conn-fields, ui-field-behaviour) from the provider info.
-DECLARATIVE_CONNECTION_FORM = Version("3.2") <= AIRFLOW_VERSION
-
-
-def bundle_dag_bag(folder: Path) -> Any:
-    """A DagBag of ``folder`` with the folder on sys.path, as the dag processor and workers have it."""
-    try:  # Airflow 3.2+
-        from airflow.dag_processing.dagbag import BundleDagBag
-    except ImportError:  # Airflow 3.1: the plain DagBag, the path added here
-        from airflow.models.dagbag import DagBag
-
-        if str(folder) not in sys.path:
-            sys.path.append(str(folder))
-        return DagBag(dag_folder=str(folder), bundle_path=folder, include_examples=False)
-    return BundleDagBag(dag_folder=str(folder), bundle_path=folder, bundle_name="dags-folder")
-
-
-def runtime_hooks() -> Any:
-    """The hooks a task's runtime discovers (Airflow 3.2's task-SDK providers manager, else the core's)."""
-    try:  # Airflow 3.2+
-        from airflow.sdk.providers_manager_runtime import ProvidersManagerTaskRuntime
-    except ImportError:  # Airflow 3.1
-        from airflow.providers_manager import ProvidersManager
-
-        return ProvidersManager().hooks
-    return ProvidersManagerTaskRuntime().hooks

@@ -26,7 +26,7 @@ TESTED = {
 @pytest.fixture(scope="module")
 def dagbag(airflow_db):
     # The bundle-aware bag puts dags/ on sys.path, as the dag processor and workers do.
-    from tests.airflow.helpers import bundle_dag_bag
+    from tests.airflow.versions import bundle_dag_bag
 
     return bundle_dag_bag(DAGS)
 

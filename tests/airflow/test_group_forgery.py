@@ -29,7 +29,7 @@ from airflow_provider_volcano.operators.group import (
     VolcanoLockGroupReleaseOperator,
 )
 from airflow_provider_volcano.operators.lock import VolcanoLockOperator
-from tests.airflow.helpers import AirflowFailException
+from tests.airflow.versions import AirflowFailException
 from volcano_locks.server.service import hash_token
 
 ACQUIRE = "g.volcano_lock_acquire"

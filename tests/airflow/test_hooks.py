@@ -168,7 +168,7 @@ def test_bad_connections_get_clear_errors(
 
 
 def test_missing_connection_names_it() -> None:
-    from tests.airflow.helpers import AirflowNotFoundException
+    from tests.airflow.versions import AirflowNotFoundException
 
     with pytest.raises(AirflowNotFoundException, match="v_nowhere"):
         _ = VolcanoHook("v_nowhere").config

@@ -17,7 +17,7 @@ from airflow_provider_volcano.operators.lock import (
     VolcanoLockOperator,
 )
 from airflow_provider_volcano.triggers.lock import VolcanoLockTrigger
-from tests.airflow.helpers import AirflowSkipException, TaskDeferred
+from tests.airflow.versions import AirflowSkipException, TaskDeferred
 
 
 class _TI(SimpleNamespace):

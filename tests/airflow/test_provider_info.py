@@ -102,7 +102,7 @@ def test_every_listed_module_and_class_imports() -> None:
 def test_airflow_discovers_the_provider_through_the_entry_point() -> None:
     from airflow.providers_manager import ProvidersManager
 
-    from tests.airflow.helpers import DECLARATIVE_CONNECTION_FORM, runtime_hooks
+    from tests.airflow.versions import DECLARATIVE_CONNECTION_FORM, runtime_hooks
 
     pm = ProvidersManager()
     assert "volcano-locks" in pm.providers
