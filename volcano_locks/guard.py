@@ -85,6 +85,43 @@ class _InterruptedByLoss(OwnershipLost):
         super().__init__(message, code=ErrorCode.INTERRUPTED)
 
 
+class _Interrupter:
+    """Raises :class:`_InterruptedByLoss` once in the thread that created it, while its block runs.
+
+    ``PyThreadState_SetAsyncExc`` fires between bytecodes. ``disarm`` ends the block; an interrupt sent
+    but not fired yet is cleared then, so the block's cleanup is not cut short. Used by ``with_lock``'s
+    sync context and by ``keeping.keep``.
+    """
+
+    def __init__(self) -> None:
+        self._thread_id = threading.get_ident()
+        self._arm = threading.Lock()
+        self._running = True
+        self._sent = False
+
+    def __call__(self) -> None:
+        with self._arm:
+            if self._running and not self._sent:
+                self._sent = True
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                    ctypes.c_ulong(self._thread_id), ctypes.py_object(_InterruptedByLoss)
+                )
+
+    def disarm(self) -> None:
+        """The block is over; call again if this call itself raised the interrupt on the way out."""
+        with self._arm:
+            self._running = False
+            if self._sent:
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._thread_id), None)
+
+    def disarm_quietly(self) -> None:
+        """Disarm, swallowing an interrupt that fired during the first try (the loss is raised after)."""
+        try:
+            self.disarm()
+        except _InterruptedByLoss:
+            self.disarm()
+
+
 def _check_options(
     key: str,
     ttl: int,
@@ -315,10 +352,7 @@ class LockContext(_ContextBase["_SyncClient"]):
     def __init__(self, client: _SyncClient, key: str, ttl: int, **options: Any) -> None:
         super().__init__(client, key, ttl, **options)
         self._keeper: LeaseKeeper | None = None
-        self._arm = threading.Lock()
-        self._body_running = False
-        self._interrupted = False
-        self._thread_id = 0
+        self._interrupter: _Interrupter | None = None
 
     def __enter__(self) -> LockGuard:
         flow = self._enter_once()
@@ -330,8 +364,7 @@ class LockContext(_ContextBase["_SyncClient"]):
             return LockGuard(None)
         lease, timing = entered
         self._keeper = LeaseKeeper(lease, self._client.renew_within, timing=timing, on_loss=self._lost)
-        self._thread_id = threading.get_ident()
-        self._body_running = True
+        self._interrupter = _Interrupter() if self._interrupt else None
         self._keeper.start()
         return LockGuard(self._keeper)
 
@@ -344,30 +377,16 @@ class LockContext(_ContextBase["_SyncClient"]):
         return None
 
     def _lost(self, loss: OwnershipLost) -> None:
-        if self._interrupt:
-            with self._arm:
-                if self._body_running and not self._interrupted:
-                    self._interrupted = True
-                    ctypes.pythonapi.PyThreadState_SetAsyncExc(
-                        ctypes.c_ulong(self._thread_id), ctypes.py_object(_InterruptedByLoss)
-                    )
+        if self._interrupter is not None:
+            self._interrupter()
         if self._on_loss is not None:
             self._on_loss(loss)
-
-    def _disarm(self) -> None:
-        with self._arm:
-            self._body_running = False
-            if self._interrupted:
-                # Clears an interrupt that was sent but has not fired yet: cleanup must not be cut short.
-                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._thread_id), None)
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> Literal[False]:
-        try:
-            self._disarm()
-        except _InterruptedByLoss:
-            self._disarm()
+        if self._interrupter is not None:
+            self._interrupter.disarm_quietly()
         keeper = self._keeper
         if keeper is None:
             return False

@@ -16,15 +16,13 @@ on its own terms. :func:`keep` and :func:`async_keep` give them the lease keeper
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Protocol
 
 from volcano_locks.clock import lease_clock
 from volcano_locks.errors import ErrorCode, OwnershipLost
-from volcano_locks.guard import AsyncLockGuard, LockGuard
+from volcano_locks.guard import AsyncLockGuard, LockGuard, _InterruptedByLoss, _Interrupter
 from volcano_locks.models import LockLease
 from volcano_locks.renewal import (
     AsyncLeaseKeeper,
@@ -49,13 +47,6 @@ class _AsyncKeepClient(Protocol):
     async def renew_within(self, lease: LockLease, timeout: float) -> LockLease: ...
 
 
-class _Interrupted(OwnershipLost):
-    """Raised in the block's thread on loss (``interrupt=True``); replaced on exit by the loss itself."""
-
-    def __init__(self) -> None:
-        super().__init__("lock ownership lost while the block was running", code=ErrorCode.INTERRUPTED)
-
-
 def _timing(client_timeout: float, lease: LockLease) -> KeeperTiming:
     """The keeper's timing for ``lease``; no safe window left is loss before the block starts."""
     timing = KeeperTiming(request_timeout=renewal_timeout(client_timeout, lease.ttl))
@@ -71,30 +62,6 @@ def _leaving(exc: BaseException | None, loss: OwnershipLost | None, news_of_loss
     """Raise the loss unless the block's own exception leaves (an interrupt only carried the news)."""
     if loss is not None and (exc is None or news_of_loss):
         raise loss from None
-
-
-class _Interrupter:
-    """Raises :class:`_Interrupted` in the thread that entered the block, once, while it runs."""
-
-    def __init__(self) -> None:
-        self._thread_id = threading.get_ident()
-        self._arm = threading.Lock()
-        self._running = True
-        self._sent = False
-
-    def __call__(self, _loss: OwnershipLost) -> None:
-        with self._arm:
-            if self._running and not self._sent:
-                self._sent = True
-                ctypes.pythonapi.PyThreadState_SetAsyncExc(
-                    ctypes.c_ulong(self._thread_id), ctypes.py_object(_Interrupted)
-                )
-
-    def disarm(self) -> None:
-        with self._arm:
-            self._running = False
-            if self._sent:  # an interrupt sent but not fired yet must not cut the cleanup short
-                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._thread_id), None)
 
 
 @contextmanager
@@ -120,7 +87,7 @@ def keep(
 
     def lost(loss: OwnershipLost) -> None:
         if interrupter is not None:
-            interrupter(loss)
+            interrupter()
         if on_loss is not None:
             on_loss(loss)
 
@@ -128,10 +95,7 @@ def keep(
 
     def stop() -> None:
         if interrupter is not None:
-            try:
-                interrupter.disarm()
-            except _Interrupted:  # fired on the way out: the loss raised below says it
-                interrupter.disarm()
+            interrupter.disarm_quietly()  # an interrupt fired on the way out: the loss raised below says it
         keeper.stop()
 
     keeper.start()
@@ -139,7 +103,7 @@ def keep(
         yield LockGuard(keeper)
     except BaseException as exc:
         stop()
-        _leaving(exc, keeper.loss, isinstance(exc, _Interrupted))
+        _leaving(exc, keeper.loss, isinstance(exc, _InterruptedByLoss))
         raise
     stop()
     _leaving(None, keeper.loss, False)
