@@ -85,6 +85,45 @@ def test_uncertain_acquisition_in_a_wait_is_recovered(admin_server: LocalServer,
         client.release(unique_key, lease)
 
 
+def _free_within(client: VolcanoLocks, key: str, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while client.get(key).held and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return not client.get(key).held
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_raise_mode_abandons_an_unanswered_acquisition_after_a_429(
+    admin_server: LocalServer, unique_key: str, kind: str
+) -> None:
+    # contention="raise": the first acquire is refused by a 429; the next is granted but answered
+    # only after the client's 1 s timeout (its own retry too), and the wait runs out there. That
+    # retry was an acquisition (the only call raise mode makes), so the lease it won is released
+    # behind the caller, not left held for its TTL (120 s).
+    admin_server.set_faults("status=429:count=1:op=acquire,delay=3:count=2:op=acquire:when=after")
+    url, service_key = admin_server.url, admin_server.service_key
+    if kind == "sync":
+        with VolcanoLocks(url, service_key=service_key, timeout=1.0) as client:
+            with pytest.raises(WaitTimeout):
+                client.wait_acquire(unique_key, 120, timeout=1.5, contention="raise")
+            assert _free_within(client, unique_key, 15)
+    else:
+
+        async def wait() -> None:
+            async with AsyncVolcanoLocks(url, service_key=service_key, timeout=1.0) as client:
+                with pytest.raises(WaitTimeout):
+                    await client.wait_acquire(unique_key, 120, timeout=1.5, contention="raise")
+                deadline = time.monotonic() + 15
+                while (await client.get(unique_key)).held and time.monotonic() < deadline:
+                    await asyncio.sleep(0.2)
+                assert not (await client.get(unique_key)).held
+
+        asyncio.run(wait())
+    log = [r for r in admin_server.requests() if unique_key in r["path"]]
+    assert log[0]["op"] == "acquire" and log[0]["status"] == 429
+    assert any(r["op"] == "release" and r["status"] == 204 for r in log)  # freed by a release, not the TTL
+
+
 def _gets(server: LocalServer, key: str) -> int:
     return sum(1 for r in server.requests() if r["op"] == "get" and r["path"] == f"/locks/{key}")
 

@@ -75,8 +75,8 @@ class _WaitArgs(TypedDict, total=False):
 class _Run:
     """One wait being driven: the step to perform next (``None`` once done), then the lease.
 
-    What both drivers decide about a step lives here: counting a call as a waiting request, which call
-    ``contention="raise"`` makes, raising its refusal, and handing the flow each outcome.
+    What both drivers decide about a step lives here: counting a call as a waiting request, raising a
+    refusal under ``contention="raise"``, and handing the flow each outcome.
     """
 
     def __init__(
@@ -100,7 +100,7 @@ class _Run:
         """The call the current :class:`~volcano_locks._steps.Send` step makes, counted as waiting."""
         assert isinstance(self.step, Send)
         self._governor.note_waiting()
-        return "acquire" if self._raising else self.step.op
+        return self.step.op
 
     def answer(self, result: object) -> None:
         """Hand the flow the call's outcome; with ``contention="raise"``, raise a refusal first."""
@@ -135,7 +135,7 @@ def _running(
     waiter = _new_waiter(key, ttl, timeout, args.get("token"), poll, args.get("request_id"), signal)
     raising = _raising(args.get("contention", "wait"))
     with SharedPolls.join(
-        object() if raising else scope, client.api_url, client.credential_id, waiter
+        object() if raising else scope, client.api_url, client.credential_id, waiter, recall=not raising
     ) as entry:
         flow = _wait_flow(
             entry,
@@ -146,6 +146,7 @@ def _running(
             None if raising else args.get("on_waiting"),
             lease_clock,
             random.random,
+            raising=raising,
         )
         try:
             yield _Run(flow, waiter, client.governor, raising, args.get("on_waiting"))

@@ -50,11 +50,15 @@ def _wait_flow(
     clock: Callable[[], float],
     rng: Callable[[], float],
     wall: Callable[[], datetime] = _utcnow,
+    *,
+    raising: bool = False,
 ) -> Generator[_Step, object, LockLease]:
     """The engine's decisions for one waiter: yields steps, receives outcomes, returns the lease.
 
     ``clock`` is the lease clock (when to send), ``wall`` the aware UTC time that holders' expiries
-    are compared with; both are injectable so a fleet of waiters can be simulated.
+    are compared with; both are injectable so a fleet of waiters can be simulated. A ``raising``
+    waiter (``contention="raise"``) never looks: every request it sends is an acquisition, so one
+    that gets no answer is booked as uncertain and abandoned if the wait ends there.
     """
     started = clock()
     deadline = None if timeout is None else started + timeout
@@ -86,7 +90,7 @@ def _wait_flow(
                 if not (waiter.first or informed) and now < entry.next_look_at:
                     yield Wait(min(entry.next_look_at, horizon))
                     continue
-                booked: Op = "acquire" if waiter.direct or informed else "get"
+                booked: Op = "acquire" if raising or waiter.direct or informed else "get"
                 # A first attempt is billed like any waiting request (500 triggers restarting at once
                 # must not spend the project's minute), but a 429's blackout does not hold it.
                 at = governor.reserve(priority=informed, honour_blackout=not waiter.first)
