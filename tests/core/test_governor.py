@@ -616,6 +616,58 @@ def test_a_poller_for_many_waiters_keeps_looking_while_a_line_passes() -> None:
     assert _look_intervals(turnover, fencings) == pytest.approx([1, 4, 1, 2, *[0.5] * 22, 1, 4, 8, 8, 8])
 
 
+def _looks_in(
+    entry: _KeyWait, waiter: _Waiter, clock: Clock, policy: WaitPolicy, fencings: list[int]
+) -> list[float]:
+    """``waiter``'s intervals between looks in ``entry`` while the lock shows these tokens in turn."""
+    flow = _wait_flow(entry, waiter, governor(600, clock), policy, None, None, clock, lambda: 0.5)
+    expiry = datetime.now(UTC) + timedelta(seconds=3600)
+    assert next(flow) == Send("acquire")
+    step = flow.send(LockContention("held", holder=LockState(True, expiry, fencings[0])))
+    looks: list[float] = []
+    for fencing in fencings[1:]:
+        assert isinstance(step, Wait)
+        looks.append(step.until - clock.now)
+        clock.now = step.until
+        assert flow.send(None) == Send("get")
+        step = flow.send(LockState(True, expiry, fencing))
+    assert isinstance(step, Wait)
+    flow.close()
+    return [*looks, step.until - clock.now]
+
+
+@pytest.mark.parametrize("recalled", [True, False])
+def test_triggers_that_come_back_still_see_the_line_passing(
+    recalled: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The trigger's poll saw 3, 4 (from t=5) and 5 (from t=8: 4 held 3 s); then every trigger left (an
+    # Airflow triggerer restarting them) and came back a second later. Recalled, the new queue still
+    # knows a line is passing and looks every half poll; forgotten, it backs off as for a long hold.
+    from volcano_locks.waiting import SharedPolls
+
+    if not recalled:
+        monkeypatch.setattr(SharedPolls, "recall_for", -1.0)
+    clock, scope = Clock(), object()
+    policy = WaitPolicy(poll=1.0, factor=2.0, cap=8.0, follow_turnover=True)
+    first, again = _waiter(), _waiter()
+    with SharedPolls.join(scope, "http://recall", "cred", first) as entry:
+        assert _looks_in(entry, first, clock, policy, [3, 3, 4, 4, 5]) == pytest.approx([1, 4, 1, 2, 0.5])
+    clock.now += 1.0
+    with SharedPolls.join(scope, "http://recall", "cred", again) as entry:
+        looks = _looks_in(entry, again, clock, policy, [5, 5, 5, 5])
+    assert looks == pytest.approx([0.5] * 4 if recalled else [1, 4, 8, 8])
+    assert SharedPolls.active() == 0
+
+
+def test_a_raise_mode_queue_is_not_recalled() -> None:
+    from volcano_locks.waiting import SharedPolls
+
+    before = len(SharedPolls._recalls)
+    with SharedPolls.join(object(), "http://recall", "cred", _waiter(), recall=False):
+        pass
+    assert len(SharedPolls._recalls) == before
+
+
 def test_a_lock_seen_free_then_taken_by_another_resets_the_backoff() -> None:
     clock, entry, waiter = Clock(), _KeyWait("k"), _waiter()
     flow = _flow(entry, waiter, governor(600, clock), clock)

@@ -5,18 +5,29 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from volcano_locks.clock import lease_clock
 from volcano_locks.models import LockState
 from volcano_locks.waiting.waiter import _Waiter
 
 __all__ = ["SharedPolls", "wake"]
 
 logger = logging.getLogger("volcano_locks.waiting")
+
+
+@dataclass(frozen=True)
+class _Recall:
+    """A key's turnover knowledge, kept a while after its last waiter left."""
+
+    holder: LockState | None
+    changed_at: float | None
+    tenure: float | None
+    left_at: float  # lease-clock time the last waiter left
 
 
 @dataclass(eq=False)
@@ -51,6 +62,15 @@ class _KeyWait:
         if self.tenure is None or self.changed_at is None:
             return False
         return now - self.changed_at < max(2 * self.tenure, self.tenure + slack)
+
+    def recall(self) -> _Recall:
+        """What this key's poll learnt of the lock's turnover, to outlive its queue (:class:`SharedPolls`)."""
+        return _Recall(self.holder, self.changed_at, self.tenure, lease_clock())
+
+    def restore(self, recall: _Recall) -> None:
+        """Start from what an earlier queue on this key learnt: the holder seen, when it took over, its
+        predecessor's tenure. The backoff starts afresh (the first look comes at ``poll``)."""
+        self.holder, self.changed_at, self.tenure = recall.holder, recall.changed_at, recall.tenure
 
     def head(self) -> _Waiter | None:
         with self.lock:
@@ -107,21 +127,39 @@ class SharedPolls:
     would see them as the same project asking about the same lock, which is exactly when sharing is
     safe. Several clients built from one connection (many Airflow triggers in one triggerer, each with
     its own client) do share, which is the point. An entry lives only while waiters use it.
+
+    What an entry learnt of the lock's turnover (the holder seen, when it took over, how long its
+    predecessor held) is recalled for :attr:`recall_for` seconds after its last waiter left, for at
+    most :attr:`recall_keys` keys: waiters that come back (an Airflow triggerer that restarts its
+    triggers, a task deferred again) still know a line is passing and keep looking often, instead
+    of backing off towards the cap as if the lock had one long holder.
     """
 
+    recall_for: ClassVar[float] = 300.0
+    recall_keys: ClassVar[int] = 1024
     _guard: ClassVar[threading.Lock] = threading.Lock()
     _entries: ClassVar[dict[tuple[object, str, str, str], _KeyWait]] = {}
     _users: ClassVar[dict[tuple[object, str, str, str], int]] = {}
+    _recalls: ClassVar[OrderedDict[tuple[object, str, str, str], _Recall]] = OrderedDict()
 
     @classmethod
     @contextmanager
-    def join(cls, scope: object, api_url: str, credential_id: str, waiter: _Waiter) -> Iterator[_KeyWait]:
-        """Queue ``waiter`` on its key's shared poll for the duration of the block."""
+    def join(
+        cls, scope: object, api_url: str, credential_id: str, waiter: _Waiter, *, recall: bool = True
+    ) -> Iterator[_KeyWait]:
+        """Queue ``waiter`` on its key's shared poll for the duration of the block.
+
+        ``recall=False`` for a queue of one that nobody joins again (a ``contention="raise"`` waiter
+        in a scope of its own): what it learnt is not kept.
+        """
         ident = (scope, api_url, credential_id, waiter.key)
         with cls._guard:
             entry = cls._entries.get(ident)
             if entry is None:
                 entry = cls._entries[ident] = _KeyWait(waiter.key)
+                known = cls._recalls.pop(ident, None)
+                if known is not None and lease_clock() - known.left_at <= cls.recall_for:
+                    entry.restore(known)
             cls._users[ident] = cls._users.get(ident, 0) + 1
         with entry.lock:
             entry.waiters.append(waiter)
@@ -134,6 +172,10 @@ class SharedPolls:
                 if cls._users[ident] == 0:
                     del cls._users[ident]
                     cls._entries.pop(ident, None)
+                    if recall:
+                        cls._recalls[ident] = entry.recall()
+                    while len(cls._recalls) > cls.recall_keys:
+                        cls._recalls.popitem(last=False)
 
     @classmethod
     def active(cls) -> int:
