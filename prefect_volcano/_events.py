@@ -9,6 +9,7 @@ TTL, expiry and the loss's reason and code; never the service key or an ownershi
 from __future__ import annotations
 
 import logging
+from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -104,14 +105,29 @@ class LockEvents:
                     return related["prefect.resource.id"]
         return None
 
-    def emit(self, what: str, extra_related: list[dict[str, str]] | None = None, **payload: Any) -> None:
-        """Emit `volcano.lock.<what>` with the given public facts as its payload (and more related runs)."""
+    def emit(
+        self,
+        what: str,
+        extra_related: list[dict[str, str]] | None = None,
+        occurred: datetime | None = None,
+        **payload: Any,
+    ) -> datetime | None:
+        """Emit `volcano.lock.<what>` with the given public facts as its payload (and more related runs).
+
+        Each event follows the one before it, unless `occurred` dates it earlier (a lapse found after
+        the acquisition it precedes): that one stands apart. Returns when the event occurred (None
+        when Prefect emits nothing, as outside a configured API).
+        """
         event = emit_event(
             f"{LOCK_RESOURCE_PREFIX}{what}",
             resource=self._resource,
             related=self._related + (extra_related or []),
             payload={k: v for k, v in payload.items() if v is not None},
-            follows=self._last,
+            occurred=occurred,
+            follows=None if occurred is not None else self._last,
         )
-        if event is not None:
+        if event is None:
+            return None
+        if occurred is None:
             self._last = event
+        return event.occurred

@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from prefect import State
@@ -47,6 +48,7 @@ filter by a fixed list of state names, and a run in a state named otherwise is h
 SKIPPED_MESSAGE_PREFIX = "Skipped: "
 """How a skipped run's state message starts (the body did not run): `is_skipped` reads it."""
 
+_JUST_BEFORE = timedelta(milliseconds=1)
 RECORDING_BOUND = 10.0
 """Seconds a release or loss waits at most for the lock board's record of the acquisition."""
 _OLD_SKIPPED_NAME = "Skipped"  # the name states had before 0.x; still recognised in stored states
@@ -125,18 +127,26 @@ class RunReport:
         self.loss = LossReport(self, retries_left=_retries_left(scope), cancels=cancels)
 
     def acquired(self, lease: LockLease) -> None:
-        """Say the lock is held, with the lease's fencing token; tell a previous holder's lapse first.
+        """Say the lock is held, with the lease's fencing token; tell a previous holder's lapse beside.
 
-        Neither the body nor the task's exit waits for the lock board (Prefect API calls): its read,
-        its re-check of a holder that looks lapsed (up to a second), its writes and the events go on
-        threads of their own, one after the other (so the events keep their order: lapsed,
-        acquired, released), carrying the run's context. They are not daemons: a flow-run process
-        that ends finishes them first.
+        The events are emitted as things happen (Prefect's events worker sends them in the background):
+        a waiting run is woken by the `released` event and a short hold must not delay it. Neither
+        the body nor the task's exit waits for the lock board (Prefect API calls): its read, its
+        re-check of a holder that looks lapsed (up to a second) and its writes go on threads of their
+        own, one after the other, carrying the run's context. They are not daemons: a flow-run
+        process that ends finishes them first. A lapse found there is emitted as having occurred just
+        before this acquisition, so the Event Feed shows it first.
         """
         self.log.info(
             "Acquired lock %r (fencing token %d, ttl %ds)", self.key, lease.fencing_token, lease.ttl
         )
-        self._then(self._record_acquired, lease)
+        acquired = self.events.emit(
+            "acquired",
+            fencing_token=lease.fencing_token,
+            ttl=lease.ttl,
+            expires_at=lease.expires_at.isoformat(),
+        )
+        self._then(self._record_acquired, lease, acquired)
 
     def _then(self, record: Callable[..., None], *args: Any) -> None:
         """Run ``record(*args)`` beside the run, after whatever this report is still recording."""
@@ -156,17 +166,11 @@ class RunReport:
         )
         self._recording.start()
 
-    def _record_acquired(self, lease: LockLease) -> None:
+    def _record_acquired(self, lease: LockLease, acquired: datetime | None) -> None:
         facts = lease.facts()
         previous = self.board.previous_holder(facts)
         if previous is not None:
-            self.lapsed(previous)
-        self.events.emit(
-            "acquired",
-            fencing_token=lease.fencing_token,
-            ttl=lease.ttl,
-            expires_at=lease.expires_at.isoformat(),
-        )
+            self.lapsed(previous, before=acquired)
         self.board.held(facts)
 
     def settle(self) -> None:
@@ -175,8 +179,13 @@ class RunReport:
         if recording is not None:
             recording.join(RECORDING_BOUND)
 
-    def lapsed(self, previous: dict[str, str]) -> None:
-        """Say that the previous lease ended unreleased (its holder crashed or hung, or it was dropped)."""
+    def lapsed(self, previous: dict[str, str], *, before: datetime | None = None) -> None:
+        """Say that the previous lease ended unreleased (its holder crashed or hung, or it was dropped).
+
+        Args:
+            previous: The board's record of the previous holder.
+            before: When this run's `acquired` event occurred: the lapse is emitted as just before it.
+        """
         self.log.warning(
             "Lock %r was still recorded as held by %s: that lease %s without a release"
             " (its holder crashed or hung, or it was force-released)",
@@ -196,6 +205,7 @@ class RunReport:
         self.events.emit(
             "lapsed",
             extra_related=related,
+            occurred=None if before is None else before - _JUST_BEFORE,
             previous_fencing_token=int(previous["fencing_token"]),
             previous_flow_run_id=previous.get("flow_run_id"),
             previous_flow_run_name=previous.get("flow_run_name"),
@@ -205,13 +215,10 @@ class RunReport:
         )
 
     def released(self, lease: LockLease) -> None:
-        """Say the lock was released (the event and the board's record follow beside the run)."""
+        """Say the lock was released (the event at once, the board's record beside the run)."""
         self.log.info("Released lock %r (fencing token %d)", self.key, lease.fencing_token)
-        self._then(self._record_released, lease)
-
-    def _record_released(self, lease: LockLease) -> None:
-        self.events.emit("released", fencing_token=lease.fencing_token)
-        self.board.released(lease.facts())
+        self.events.emit("released", fencing_token=lease.fencing_token)  # at once: it wakes waiters
+        self._then(self.board.released, lease.facts())
 
     def skipped(self, holder: LockState | None) -> State[None]:
         """Say the run skips, and return the Completed state named Skipped it ends in."""
@@ -221,16 +228,13 @@ class RunReport:
             f"{_by_holder(holder)}; on_contention='skip'"
         )
         self.log.info("%s", message)
-        self._then(self._record_skipped, token)
+        self.events.emit("skipped", holder_fencing_token=token)
+        self._then(self.board.skipped, token)
         txn = get_transaction()
         if txn is not None:
             # A skip says nothing about the inputs: never let it answer a later run from the cache.
             txn.write_on_commit = False
         return Completed(name=SKIPPED_STATE_NAME, message=message)
-
-    def _record_skipped(self, token: int | None) -> None:
-        self.events.emit("skipped", holder_fencing_token=token)
-        self.board.skipped(token)
 
     def contention_message(self, exc: LockContention, on_contention: str) -> str:
         """The message of a contention that ends the run (on_contention='fail')."""

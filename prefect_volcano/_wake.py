@@ -69,7 +69,7 @@ class WaitingLine:
         self._done: dict[str, datetime] = {}
 
     def saw(self, event: Event) -> None:
-        """Take in a waiting, acquired or skipped event of the lock."""
+        """Take in a waiting, acquired, released or skipped event of the lock."""
         runner = _runner(event)
         if runner is None:
             return
@@ -108,6 +108,7 @@ class ReleaseListener:
         # The subscriber replays the last minute on connect; an older release says nothing now.
         self._since = datetime.now(UTC) - _SKEW
         self._later: asyncio.Task[None] | None = None
+        self._later_for: datetime | None = None  # when the release occurred that `_later` answers
 
     @staticmethod
     def available() -> bool:
@@ -132,21 +133,25 @@ class ReleaseListener:
     def _cancel_later(self) -> None:
         if self._later is not None:
             self._later.cancel()
-            self._later = None
+            self._later, self._later_for = None, None
 
     def _on(self, event: Event) -> None:
-        if event.event != RELEASED:
-            self.line.saw(event)
-            if event.event == ACQUIRED:
-                self._cancel_later()  # someone took it: wait for the next release
+        logger.debug("event %s of %s at %s", event.event, _runner(event), event.occurred.isoformat())
+        self.line.saw(event)  # a release, like an acquisition or a skip, ends its run's place in line
+        if event.event == ACQUIRED:
+            # Someone took the lock after the release we deferred to the first in line: wait for the
+            # next release. An acquisition from before that release (delivered late) says nothing.
+            if self._later_for is not None and event.occurred >= self._later_for:
+                self._cancel_later()
             return
-        if event.occurred < self._since:
+        if event.event != RELEASED or event.occurred < self._since:
             return
         self._cancel_later()
         if self.line.first():
             self._wake(event, "at once (first in line)")
         else:
             self._later = asyncio.get_running_loop().create_task(self._wake_later(event))
+            self._later_for = event.occurred
 
     async def listen(self) -> None:
         """Subscribe and wake on releases until cancelled; give up quietly if events are unreachable."""

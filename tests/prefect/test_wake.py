@@ -109,3 +109,50 @@ def test_the_waiting_line_lets_the_first_waiter_go_first() -> None:
     assert not line_c.first()
     line_c.saw(_event("skipped", b, 6))  # b left the line another way
     assert line_c.first()
+
+
+def _listener(me: str) -> Any:
+    from datetime import UTC, datetime
+
+    from prefect_volcano._wake import ReleaseListener
+
+    listener = ReleaseListener("k", "http://127.0.0.1:1", "credential", me=me)
+    listener._since = datetime(2026, 12, 1, 5, 0, 0, tzinfo=UTC)  # the events below are "since we listened"
+    listener.line.patience = 0.05
+    return listener
+
+
+def _woke(caplog: pytest.LogCaptureFixture) -> list[str]:
+    said = [r.getMessage() for r in caplog.records]
+    return [message.split(": ", 1)[1] for message in said if "released elsewhere" in message]
+
+
+async def test_a_release_ends_the_releasers_place_in_line(caplog: pytest.LogCaptureFixture) -> None:
+    # a's acquired event never reached c (or reaches it later): its release alone says a left the line.
+    a, c = "prefect.task-run.a", "prefect.task-run.c"
+    listener = _listener(c)
+    with caplog.at_level(logging.DEBUG, logger="prefect_volcano.wake"):
+        for event in (_event("waiting", a, 1), _event("waiting", c, 3), _event("released", a, 7)):
+            listener._on(event)
+    assert _woke(caplog) == ["woke 0 waiter(s) at once (first in line)"]
+
+
+async def test_a_deferred_wake_is_cancelled_only_by_a_later_acquisition(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import asyncio
+
+    h, a, b, c = (f"prefect.task-run.{n}" for n in "habc")
+    with caplog.at_level(logging.DEBUG, logger="prefect_volcano.wake"):
+        listener = _listener(c)
+        for event in (_event("waiting", a, 1), _event("waiting", b, 2), _event("waiting", c, 3)):
+            listener._on(event)
+        listener._on(_event("released", h, 7))  # a is first in line: c leaves it the patience
+        listener._on(_event("acquired", h, 5))  # the releaser's own acquisition, delivered late
+        await asyncio.sleep(0.3)
+        assert _woke(caplog) == ["woke 0 waiter(s) after 0.05 s (the first in line did not take it)"]
+        caplog.clear()
+        listener._on(_event("released", h, 10))  # still a first (it never said it acquired)
+        listener._on(_event("acquired", a, 11))  # a took it after this release: wait for the next
+        await asyncio.sleep(0.3)
+    assert _woke(caplog) == []
