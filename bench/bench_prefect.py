@@ -37,6 +37,7 @@ import argparse
 import collections
 import contextlib
 import itertools
+import json
 import os
 import queue
 import signal
@@ -215,6 +216,13 @@ from prefect import flow, task
 from prefect_volcano import current_lease, locked_task
 
 role, key, workdir = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+if os.environ.get("BENCH_FLEET_DUMP"):  # each run's wake and wait decisions, for a slow handoff's why
+    import logging
+    handler = logging.FileHandler(workdir / f"{role}.log")
+    handler.setFormatter(logging.Formatter("%(created).3f %(name)s %(message)s"))
+    for name in ("prefect_volcano.wake", "volcano_locks.waiting"):
+        logging.getLogger(name).addHandler(handler)
+        logging.getLogger(name).setLevel(logging.DEBUG)
 
 def record(what: str, token: int) -> None:
     # O_APPEND writes of one short line are atomic: the processes' lines never interleave.
@@ -278,6 +286,9 @@ def fleet(server: LocalServer, waiters: int, wake: bool) -> dict[str, object]:
         for a, b in itertools.pairwise(ordered)
     )
     handoffs = [b["enter"][1] - a["exit"][1] for a, b in itertools.pairwise(ordered)]
+    if os.environ.get("BENCH_FLEET_DUMP"):
+        (workdir / "requests.json").write_text(json.dumps(server.requests(), default=str))
+        print(f"fleet (wake={wake}) in {workdir}: handoffs", [f"{h:.2f}" for h in handoffs], flush=True)
     holder_kept = (
         sections["holder"]["enter"][0] == sections["holder"]["exit"][0] and results[0] == "Completed"
     )
