@@ -183,7 +183,8 @@ Flow = Generator[Wait | Send, object, LockLease]
 
 
 def _flow(entry: _KeyWait, waiter: _Waiter, gov: Governor, clock: Clock, **kw: object) -> Flow:
-    entry.waiters.append(waiter)
+    if waiter not in entry.waiters:  # SharedPolls.join queues its waiter itself
+        entry.waiters.append(waiter)
     policy = kw.pop("policy", WaitPolicy(poll=1.0, factor=2.0, cap=8.0))
     return _wait_flow(
         entry, waiter, gov, policy, kw.pop("timeout", None), kw.pop("on_waiting", None), clock, lambda: 0.5
@@ -582,9 +583,18 @@ def test_the_backoff_resets_when_the_fencing_token_moves() -> None:
     assert looks == pytest.approx([1.0, 4.0, 8.0, 8.0, 1.0, 2.0, 1.0, 1.0, 2.0])
 
 
-def _look_intervals(policy: WaitPolicy, fencings: list[int]) -> list[float]:
-    """The intervals between a waiter's looks while the lock shows these fencing tokens in turn."""
-    clock, entry, waiter = Clock(), _KeyWait("k"), _waiter()
+def _look_intervals(
+    policy: WaitPolicy,
+    fencings: list[int],
+    clock: Clock | None = None,
+    queued: tuple[_KeyWait, _Waiter] | None = None,
+) -> list[float]:
+    """The intervals between a waiter's looks while the lock shows these fencing tokens in turn.
+
+    ``queued``: the key's queue and the waiter already in it (default: a fresh queue of one).
+    """
+    clock = clock or Clock()
+    entry, waiter = queued or (_KeyWait("k"), _waiter())
     flow = _flow(entry, waiter, governor(600, clock), clock, policy=policy)
     expiry = datetime.now(UTC) + timedelta(seconds=3600)  # one expiry: nobody renews
     next(flow)
@@ -602,6 +612,7 @@ def _look_intervals(policy: WaitPolicy, fencings: list[int]) -> list[float]:
         assert step == Send("get")
         step = flow.send(LockState(True, expiry, fencing))
     assert isinstance(step, Wait)
+    flow.close()
     return [*looks, step.until - clock.now]
 
 
@@ -614,26 +625,6 @@ def test_a_poller_for_many_waiters_keeps_looking_while_a_line_passes() -> None:
     # (more than twice 3 s: to t=19), then takes it for a long holder and backs off.
     turnover = dataclasses.replace(plain, follow_turnover=True)
     assert _look_intervals(turnover, fencings) == pytest.approx([1, 4, 1, 2, *[0.5] * 22, 1, 4, 8, 8, 8])
-
-
-def _looks_in(
-    entry: _KeyWait, waiter: _Waiter, clock: Clock, policy: WaitPolicy, fencings: list[int]
-) -> list[float]:
-    """``waiter``'s intervals between looks in ``entry`` while the lock shows these tokens in turn."""
-    flow = _wait_flow(entry, waiter, governor(600, clock), policy, None, None, clock, lambda: 0.5)
-    expiry = datetime.now(UTC) + timedelta(seconds=3600)
-    assert next(flow) == Send("acquire")
-    step = flow.send(LockContention("held", holder=LockState(True, expiry, fencings[0])))
-    looks: list[float] = []
-    for fencing in fencings[1:]:
-        assert isinstance(step, Wait)
-        looks.append(step.until - clock.now)
-        clock.now = step.until
-        assert flow.send(None) == Send("get")
-        step = flow.send(LockState(True, expiry, fencing))
-    assert isinstance(step, Wait)
-    flow.close()
-    return [*looks, step.until - clock.now]
 
 
 @pytest.mark.parametrize("recalled", [True, False])
@@ -651,10 +642,11 @@ def test_triggers_that_come_back_still_see_the_line_passing(
     policy = WaitPolicy(poll=1.0, factor=2.0, cap=8.0, follow_turnover=True)
     first, again = _waiter(), _waiter()
     with SharedPolls.join(scope, "http://recall", "cred", first) as entry:
-        assert _looks_in(entry, first, clock, policy, [3, 3, 4, 4, 5]) == pytest.approx([1, 4, 1, 2, 0.5])
+        seen = _look_intervals(policy, [3, 4, 4, 5], clock, (entry, first))
+        assert seen == pytest.approx([1, 4, 1, 2, 0.5])
     clock.now += 1.0
     with SharedPolls.join(scope, "http://recall", "cred", again) as entry:
-        looks = _looks_in(entry, again, clock, policy, [5, 5, 5, 5])
+        looks = _look_intervals(policy, [5, 5, 5], clock, (entry, again))
     assert looks == pytest.approx([0.5] * 4 if recalled else [1, 4, 8, 8])
     assert SharedPolls.active() == 0
 
