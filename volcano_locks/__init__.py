@@ -11,12 +11,13 @@ Example:
 """
 
 import typing as _typing
-from importlib import import_module as _import_module
 
 from volcano_locks import errors as _errors
 from volcano_locks.__about__ import __version__ as __version__
+from volcano_locks._lazy import lazy_names as _lazy_names
 from volcano_locks.errors import *  # noqa: F403  (the exception tree; errors.__all__ is its one list)
 from volcano_locks.models import LeaseFacts as LeaseFacts
+from volcano_locks.models import LeaseRef as LeaseRef
 from volcano_locks.models import LockLease as LockLease
 from volcano_locks.models import LockState as LockState
 from volcano_locks.protocol import validate_key as validate_key
@@ -46,6 +47,7 @@ __all__ = sorted(
         *_errors.__all__,
         *_LAZY,
         "LeaseFacts",
+        "LeaseRef",
         "LockLease",
         "LockState",
         "validate_key",
@@ -56,15 +58,7 @@ __all__ = sorted(
 
 
 if not _typing.TYPE_CHECKING:  # the type checker sees the imports above; a misspelt name stays an error
-
-    def __getattr__(name: str) -> object:
-        """Import a client, guard or SDK name on first use (and keep it, so this runs once a name)."""
-        module = _LAZY.get(name)
-        if module is None:
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        value = getattr(_import_module(module), name)
-        globals()[name] = value
-        return value
+    __getattr__ = _lazy_names(__name__, _LAZY, globals())
 
     def __dir__() -> list[str]:
         return sorted({*globals(), *_LAZY})

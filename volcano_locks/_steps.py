@@ -17,15 +17,16 @@ from dataclasses import dataclass
 from typing import Literal, TypeVar
 
 from volcano_locks.errors import OwnershipLost, VolcanoError
-from volcano_locks.models import LockLease
+from volcano_locks.models import LeaseRef, LockLease
 
 __all__ = ["Lose", "Op", "Send", "Step", "Wait", "advance", "async_outcome", "outcome"]
 
 S = TypeVar("S")
 R = TypeVar("R")
 
-Op = Literal["acquire", "wait_acquire", "get", "renew", "release"]
-"""The client calls a step can ask for (``wait_acquire``: acquire, waiting out contention)."""
+Op = Literal["acquire", "wait_acquire", "get", "renew", "release", "lookup"]
+"""The calls a step can ask for (``wait_acquire``: acquire, waiting out contention; ``lookup``: the
+run-once ledger's record of the business key, not a client call)."""
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ class Send:
     """
 
     op: Op
-    lease: LockLease | None = None
+    lease: LockLease | LeaseRef | None = None
     timeout: float | None = None
     deadline: float = math.inf
 
@@ -67,17 +68,21 @@ def advance(flow: Generator[S, object, R], sent: object) -> tuple[S | None, R | 
         return None, stop.value
 
 
-def outcome(call: Callable[[], object]) -> object:
-    """What ``call()`` gave: its result, or the ``VolcanoError`` it raised (other errors propagate)."""
+def outcome(call: Callable[[], object], caught: type[Exception] = VolcanoError) -> object:
+    """What ``call()`` gave: its result, or the ``caught`` error it raised (others propagate).
+
+    ``caught`` is ``VolcanoError`` for client calls; a run-once ledger's look-up passes ``Exception`` (its
+    store's errors are not the client's, and the flow must release the lock before any leaves).
+    """
     try:
         return call()
-    except VolcanoError as exc:
+    except caught as exc:
         return exc
 
 
-async def async_outcome(call: Awaitable[object]) -> object:
-    """What awaiting ``call`` gave: its result, or the ``VolcanoError`` it raised."""
+async def async_outcome(call: Awaitable[object], caught: type[Exception] = VolcanoError) -> object:
+    """What awaiting ``call`` gave: its result, or the ``caught`` error it raised."""
     try:
         return await call
-    except VolcanoError as exc:
+    except caught as exc:
         return exc

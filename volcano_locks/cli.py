@@ -8,7 +8,10 @@ import os
 import sys
 from collections.abc import Sequence
 
+from .__about__ import __version__
+from .cli_once import add_once_commands
 from .cli_ops import add_ops_commands
+from .extras import MissingExtra
 
 __all__ = ["build_parser", "main"]
 
@@ -68,10 +71,30 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument(
         "--no-request-log", dest="log_requests", action="store_false", help="do not log one line per request"
     )
+    p.add_argument(
+        "--clock-offset",
+        type=float,
+        default=0.0,
+        help="run the server's clock this many seconds ahead of the system's (negative: behind); for tests",
+    )
+    p.add_argument(
+        "--clock-rate",
+        type=float,
+        default=1.0,
+        help="run the server's clock this many times as fast as real time (0.5: slow; 2: fast); for tests",
+    )
+    p.add_argument(
+        "--history",
+        default=None,
+        metavar="FILE",
+        help="append every lock request's record (op, key, status, answer, decision time; JSON lines, never "
+        "a token) to FILE, for model checking",
+    )
     p.set_defaults(func=_cmd_serve)
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    from .server.clock import check_clock_offset, check_clock_rate
     from .server.errors import StoreUnavailable
     from .server.faults import parse_faults
     from .server.http11 import Limits
@@ -79,6 +102,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     try:
         parse_faults(args.faults)
+        check_clock_offset(args.clock_offset)
+        check_clock_rate(args.clock_rate)
         limits = Limits(max_connections=args.max_connections, request_timeout=args.request_timeout)
     except ValueError as exc:
         print(f"volcano-locks serve: {exc}", file=sys.stderr)
@@ -100,6 +125,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         admin_key=args.admin_key,
         log_requests=args.log_requests,
         limits=limits,
+        clock_offset=args.clock_offset,
+        clock_rate=args.clock_rate,
+        history=args.history,
     )
     try:
         return serve(config)
@@ -172,17 +200,23 @@ def _cmd_keys(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """Build the `volcano-locks` parser; each subcommand registers itself with a `func` default."""
     parser = argparse.ArgumentParser(prog="volcano-locks", description="Volcano project locks tools.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_serve(sub)
     _add_keys(sub)
     add_ops_commands(sub)
+    add_once_commands(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line and return its exit code."""
     args = build_parser().parse_args(argv)
-    code: int = args.func(args)
+    try:
+        code: int = args.func(args)
+    except MissingExtra as exc:  # `serve` and `keys` without the server's libraries
+        print(f"volcano-locks {args.command}: {exc}", file=sys.stderr)
+        return 2
     return code
 
 

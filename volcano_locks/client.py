@@ -39,9 +39,10 @@ from volcano_locks.config import ClientConfig, resolve_config
 from volcano_locks.errors import OwnershipLost, ProtocolError, RateLimited, TransportError
 from volcano_locks.governor import Governor
 from volcano_locks.guard import AsyncLockContext, LockContext, OnContention
-from volcano_locks.models import LockLease, LockState
-from volcano_locks.orphans import AsyncReaper, Attempt, Orphan, SyncReaper, stand_in
+from volcano_locks.models import LeaseRef, LockLease, LockState
+from volcano_locks.orphans import AsyncReaper, Attempt, Orphan, SyncReaper
 from volcano_locks.protocol import Call, Flow, Reply
+from volcano_locks.telemetry import record
 from volcano_locks.transport import (
     DeadlineTransport,
     deadline,
@@ -200,6 +201,11 @@ class _Base(Generic[_TransportT, _ContextT]):
         return self._config.credential_id
 
     @property
+    def project(self) -> str:
+        """The Volcano project of the service key (its ``project_id`` claim; see ``ClientConfig``)."""
+        return self._config.project
+
+    @property
     def requests_sent(self) -> int:
         """Every HTTP request attempt this client has sent, retries included."""
         return self._sent
@@ -222,12 +228,14 @@ class _Base(Generic[_TransportT, _ContextT]):
         with self._sent_lock:
             self._sent += 1
         self._governor.note_sent(call.op)
+        record.budget_used(self._governor.window_share())
         return lease_clock(), datetime.now(UTC)
 
     def _reply(
         self, call: Call, status: int, headers: httpx.Headers, body: bytes, sent: tuple[float, datetime]
     ) -> Reply:
         logger.debug("%s -> %d (request id %s)", call.op, status, call.request_id)
+        record.request(call.key, call.op, status)
         reply = Reply(status, headers, body, sent[0], sent[1])
         if status == 429:
             limited = protocol.error_from_reply(call, reply)
@@ -236,9 +244,20 @@ class _Base(Generic[_TransportT, _ContextT]):
             )
         return reply
 
-    def _released(self, key: str) -> None:
+    def _released(self, lease: LockLease | LeaseRef) -> None:
+        if isinstance(lease, LockLease):  # a reference names no tenure this process counted
+            record.ended(lease, "released")
         # The lock is free now: this process's waiters on it need not wait for their next look.
-        wake(key, api_url=self._config.api_url, credential_id=self._config.credential_id)
+        wake(lease.key, api_url=self._config.api_url, credential_id=self._config.credential_id)
+
+    def _unanswered(self, call: Call, error: TransportError) -> TransportError:
+        record.request(call.key, call.op, None)
+        return error
+
+    @staticmethod
+    def _acquired(lease: LockLease) -> LockLease:
+        record.acquired(lease)
+        return lease
 
     @contextmanager
     def _acquisition(self, key: str, token: str | None, request_id: str | None) -> Iterator[Attempt]:
@@ -262,8 +281,13 @@ class _Base(Generic[_TransportT, _ContextT]):
             lease.key, lease, None, request_id=None, timeout=timeout, secrets=self._secrets
         )
 
+    def _release_flow(self, lease: LockLease | LeaseRef) -> Flow[None]:
+        return protocol.release_flow(lease.key, lease, request_id=None, secrets=self._secrets)
+
     def _orphan_flow(self, orphan: Orphan) -> Flow[None]:
-        return protocol.release_flow(orphan.key, stand_in(orphan), request_id=None, secrets=self._secrets)
+        return protocol.release_flow(
+            orphan.key, LeaseRef(orphan.key, orphan.token), request_id=None, secrets=self._secrets
+        )
 
     def abandon(self, key: str, token: str, request_id: str) -> None:
         """Give up an acquisition of ``key`` whose outcome is unknown: release ``token``'s lease if it lands.
@@ -293,6 +317,7 @@ class _Base(Generic[_TransportT, _ContextT]):
         on_loss: Callable[[OwnershipLost], object] | None = None,
         on_waiting: OnWaiting | None = None,
         wait_policy: WaitPolicy | None = None,
+        once: object = None,
     ) -> _ContextT:
         """Hold ``key`` for a ``with`` block (``async with``: the async client), renewing in the background.
 
@@ -316,14 +341,21 @@ class _Base(Generic[_TransportT, _ContextT]):
                 waited when the wait starts and about every minute after (e.g. to log it).
             wait_policy: With ``on_contention="wait"``: the backoff of the looks (e.g. slower where
                 releases are announced some other way).
+            once: A business key on a run-once ledger (``ledger.once(key)``, :mod:`volcano_locks.once`;
+                an async ledger's for the async client): looked up once the lock is held.
+                ``guard.duplicate`` is then the first run's record (do nothing, return its ``result``),
+                and ``guard.once`` the key bound to this lease, to do the effect and record it.
 
-        On exit the keeper is stopped and the latest lease released. The block's exception wins; else
-        a renewal failure is raised after cleanup; else a release failure. A fresh lease with no safe
-        renewal window left is renewed before the block is entered, or released with ``OwnershipLost``
-        (code ``no_safe_window``) and the block is not entered. In the async form, loss cancels the
-        task running the block and ``OwnershipLost`` (not ``CancelledError``) leaves the ``async
-        with``; a cancellation from elsewhere still propagates as ``CancelledError`` after the lease is
-        released.
+        On exit the keeper is stopped and the latest lease released
+        (:func:`volcano_locks.releasing.release_or_lapse`: a release refused for now or unanswered is
+        retried while the lease lives, then left to lapse with a warning; it never raises, and
+        ``guard.release_outcome`` says which). The block's exception wins; else a renewal failure is
+        raised after cleanup; else the ``OwnershipLost`` of a release that found the lease gone. A
+        fresh lease with no safe renewal window left is renewed before the block is entered, or
+        released with ``OwnershipLost`` (code ``no_safe_window``) and the block is not entered. In the
+        async form, loss cancels the task running the block and ``OwnershipLost`` (not
+        ``CancelledError``) leaves the ``async with``; a cancellation from elsewhere still propagates
+        as ``CancelledError`` after the lease is released.
         """
         context: Callable[..., _ContextT] = self._context_type
         return context(
@@ -338,6 +370,7 @@ class _Base(Generic[_TransportT, _ContextT]):
             on_loss=on_loss,
             on_waiting=on_waiting,
             wait_policy=wait_policy,
+            once=once,
         )
 
     def __repr__(self) -> str:
@@ -414,7 +447,7 @@ class VolcanoLocks(Closing, _Base[httpx.BaseTransport, LockContext]):
         try:
             status, headers, body = self._exchange(call)
         except TransportError as exc:
-            return exc
+            return self._unanswered(call, exc)
         return self._reply(call, status, headers, body, sent)
 
     def _drive(self, flow: Flow[T], attempt: Attempt | None = None, timeout: float | None = None) -> T:
@@ -442,7 +475,7 @@ class VolcanoLocks(Closing, _Base[httpx.BaseTransport, LockContext]):
             LockContention: Another live lease holds the key (``OwnershipLost`` if it was this token's).
         """
         with self._acquisition(key, token, request_id) as attempt:
-            return self._drive(self._acquire_flow(key, ttl, attempt), attempt)
+            return self._acquired(self._drive(self._acquire_flow(key, ttl, attempt), attempt))
 
     def renew(
         self, key: str, lease: LockLease, ttl: int | None = None, *, request_id: str | None = None
@@ -457,10 +490,19 @@ class VolcanoLocks(Closing, _Base[httpx.BaseTransport, LockContext]):
         """
         return self._drive(self._renew_within_flow(lease, timeout))
 
-    def release(self, key: str, lease: LockLease, *, request_id: str | None = None) -> None:
-        """Release ``lease``; succeeds when the lock is already gone."""
+    def release(self, key: str, lease: LockLease | LeaseRef, *, request_id: str | None = None) -> None:
+        """Release ``lease`` (or a :class:`~volcano_locks.models.LeaseRef`); succeeds if the lock is gone."""
         self._drive(protocol.release_flow(key, lease, request_id=request_id, secrets=self._secrets))
-        self._released(key)
+        self._released(lease)
+
+    def release_within(self, lease: LockLease | LeaseRef, timeout: float) -> None:
+        """Release ``lease`` with a fresh request id and a request that must finish in ``timeout``.
+
+        One attempt of :func:`volcano_locks.releasing.release_or_lapse`, which bounds it by what is left
+        of the lease.
+        """
+        self._drive(self._release_flow(lease), timeout=timeout)
+        self._released(lease)
 
     def get(self, key: str, *, request_id: str | None = None) -> LockState:
         """Read whether ``key`` is held, with the holder's expiry and fencing token."""
@@ -535,9 +577,9 @@ class AsyncVolcanoLocks(AsyncClosing, _Base[httpx.AsyncBaseTransport, AsyncLockC
             async with asyncio.timeout(self._deadline(call)):
                 status, headers, body = await self._exchange(call)
         except TimeoutError:
-            return self._timed_out(call)
+            return self._unanswered(call, self._timed_out(call))
         except TransportError as exc:
-            return exc
+            return self._unanswered(call, exc)
         return self._reply(call, status, headers, body, sent)
 
     async def _drive(self, flow: Flow[T], attempt: Attempt | None = None, timeout: float | None = None) -> T:
@@ -558,7 +600,7 @@ class AsyncVolcanoLocks(AsyncClosing, _Base[httpx.AsyncBaseTransport, AsyncLockC
         :meth:`VolcanoLocks.acquire` (only when the client made the token).
         """
         with self._acquisition(key, token, request_id) as attempt:
-            return await self._drive(self._acquire_flow(key, ttl, attempt), attempt)
+            return self._acquired(await self._drive(self._acquire_flow(key, ttl, attempt), attempt))
 
     async def renew(
         self, key: str, lease: LockLease, ttl: int | None = None, *, request_id: str | None = None
@@ -572,10 +614,15 @@ class AsyncVolcanoLocks(AsyncClosing, _Base[httpx.AsyncBaseTransport, AsyncLockC
         """Renew ``lease`` to its TTL within ``timeout`` seconds (the keeper's call; see the sync client)."""
         return await self._drive(self._renew_within_flow(lease, timeout))
 
-    async def release(self, key: str, lease: LockLease, *, request_id: str | None = None) -> None:
-        """Release ``lease``; succeeds when the lock is already gone."""
+    async def release(self, key: str, lease: LockLease | LeaseRef, *, request_id: str | None = None) -> None:
+        """Release ``lease`` (or a :class:`~volcano_locks.models.LeaseRef`); succeeds if the lock is gone."""
         await self._drive(protocol.release_flow(key, lease, request_id=request_id, secrets=self._secrets))
-        self._released(key)
+        self._released(lease)
+
+    async def release_within(self, lease: LockLease | LeaseRef, timeout: float) -> None:
+        """Release ``lease`` with a fresh request id and a request that must finish in ``timeout``."""
+        await self._drive(self._release_flow(lease), timeout=timeout)
+        self._released(lease)
 
     async def get(self, key: str, *, request_id: str | None = None) -> LockState:
         """Read whether ``key`` is held, with the holder's expiry and fencing token."""

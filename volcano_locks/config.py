@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -30,6 +32,30 @@ class ClientConfig:
     def credential_id(self) -> str:
         """A one-way fingerprint of the service key, to tell credentials apart without holding them."""
         return hashlib.sha256(self.service_key.encode()).hexdigest()
+
+    @property
+    def project(self) -> str:
+        """The Volcano project the service key is scoped to: its ``project_id`` claim (public, not secret).
+
+        Locks are scoped to a project, so two projects may use the same lock name; whatever keeps a
+        record per lock (Prefect's events and views) keys it by this and the lock name. A key that is
+        not a JWT with a string ``project_id`` gives ``key-`` and 12 hex digits of its fingerprint.
+        """
+        claim = _project_claim(self.service_key)
+        return claim if claim is not None else f"key-{self.credential_id[:12]}"
+
+
+def _project_claim(jwt: str) -> str | None:
+    """The ``project_id`` claim of a JWT's payload, read without verifying it (it only names)."""
+    parts = jwt.split(".")
+    if len(parts) != 3:
+        return None
+    try:
+        payload = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
+    except ValueError:
+        return None
+    project = payload.get("project_id") if isinstance(payload, dict) else None
+    return project if isinstance(project, str) and project else None
 
 
 def _setting(value: str | None, env: str) -> str | None:

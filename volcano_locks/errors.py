@@ -14,7 +14,9 @@
      ├── ServerError                  any other 5xx
      ├── TransportError               no response at all (connect, timeout, dropped connection)
      ├── ProtocolError                a response breaking the contract (not JSON, missing or mistyped fields)
-     └── StaleFencingToken            (volcano_locks.fencing) a fenced store refused a write with an old token
+     ├── StaleFencingToken            (volcano_locks.fencing) a fenced store refused a write with an old token
+     ├── FenceBusy (TimeoutError)     (volcano_locks.fencing) a fenced write waited its bound for the guard
+     └── AlreadyDone                  (volcano_locks.once) the business key's effect is recorded; .record
 
 ``except LockContention:`` means contention and nothing else; ``except ConflictError:`` catches both
 409s, as the Volcano SDK's users know it (an acquisition can meet either: the SDKs report both as
@@ -79,7 +81,11 @@ class ErrorCode(StrEnum):
     KEEPER_FAILED = "keeper_failed"
     """The lease keeper itself failed unexpectedly."""
     STALE_FENCING_TOKEN = "stale_fencing_token"
-    """A fenced store refused a write with an older fencing token."""
+    """A fenced store refused a write with an older fencing token (or one of another lock key)."""
+    FENCE_BUSY = "fence_busy"
+    """A fenced write waited its bound for the resource's guard, held by a stalled or slow writer."""
+    ALREADY_DONE = "already_done"
+    """A run-once ledger already records the business key's effect (``volcano_locks.once.AlreadyDone``)."""
 
 
 class VolcanoError(Exception):

@@ -391,6 +391,12 @@ class Governor:
             self._sent[op] += 1
             self._window_sent += 1
 
+    def window_share(self) -> float:
+        """This process's requests in the current minute (this credential) as a share of the :data:`QUOTA`."""
+        with self._lock:
+            self._roll(self._wall())
+            return self._window_sent / QUOTA
+
     def note_waiting(self) -> None:
         """The next request counted is the wait engine's (reported as ``waiting`` in :meth:`stats`)."""
         with self._lock:

@@ -1,9 +1,17 @@
 """``with_lock``: hold a lock for a block, renewing it in the background, and release it on exit.
 
 Entering acquires (``on_contention``: ``"raise"``, ``"wait"`` or ``"skip"``), starts the lease keeper
-and yields a guard. Exiting stops the keeper, then releases the latest lease with a fresh request id.
-What is raised on exit, in order of precedence: the block's own exception; else the renewal failure
-(``OwnershipLost``, raised after cleanup); else a release failure.
+and yields a guard. Exiting stops the keeper, then releases the latest lease with a fresh request id
+through :func:`volcano_locks.releasing.release_or_lapse`: a release refused for now (429, 503) or
+unanswered is retried while the lease lives, then left to lapse with a warning, and never raises
+(``guard.release_outcome`` says which). What is raised on exit, in order of precedence: the block's
+own exception; else the renewal failure (``OwnershipLost``, raised after cleanup); else the
+``OwnershipLost`` of a release that found the lease no longer this holder's.
+
+With ``once`` (a business key on a run-once ledger, ``volcano_locks.once``), entering looks the key up
+once the lock is held: ``guard.duplicate`` is the first run's record (the block should do nothing and may
+return its ``result``), and ``guard.once`` is the key bound to this lease, for the effect and its record.
+A look-up that fails releases the lock and raises its error without entering the block.
 
 If a fresh lease already has no safe renewal window (acquisition took so long that a renewal could no
 longer land a second before the local deadline), the lease is renewed once *before* the block is
@@ -26,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar, cast
 from volcano_locks._steps import Send, advance, async_outcome, outcome
 from volcano_locks.clock import lease_clock
 from volcano_locks.errors import ConflictError, ErrorCode, InvalidRequest, OwnershipLost, VolcanoError
-from volcano_locks.models import LockLease
+from volcano_locks.models import LeaseRef, LockLease
 from volcano_locks.protocol import (
     validate_key,
     validate_request_id,
@@ -34,6 +42,7 @@ from volcano_locks.protocol import (
     validate_ttl,
     validate_wait_timeout,
 )
+from volcano_locks.releasing import ReleaseOutcome, async_release_or_lapse, release_or_lapse
 from volcano_locks.renewal import (
     AsyncLeaseKeeper,
     KeeperTiming,
@@ -41,11 +50,13 @@ from volcano_locks.renewal import (
     renewal_timeout,
     safe_window_end,
 )
+from volcano_locks.telemetry import record
 from volcano_locks.waiting import OnWaiting, WaitPolicy, async_wait_acquire, wait_acquire
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
+    from volcano_locks.once import OnceRecord
     from volcano_locks.waiting import AsyncWaitClient, SyncWaitClient
 
     class _SyncClient(SyncWaitClient, Protocol):
@@ -54,6 +65,7 @@ if TYPE_CHECKING:
         @property
         def timeout(self) -> float: ...
         def release(self, key: str, lease: LockLease) -> None: ...
+        def release_within(self, lease: LockLease | LeaseRef, timeout: float) -> None: ...
         def renew_within(self, lease: LockLease, timeout: float) -> LockLease: ...
 
     class _AsyncClient(AsyncWaitClient, Protocol):
@@ -62,6 +74,7 @@ if TYPE_CHECKING:
         @property
         def timeout(self) -> float: ...
         async def release(self, key: str, lease: LockLease) -> None: ...
+        async def release_within(self, lease: LockLease | LeaseRef, timeout: float) -> None: ...
         async def renew_within(self, lease: LockLease, timeout: float) -> LockLease: ...
 
 
@@ -160,9 +173,20 @@ class _Options:
     wait_timeout: float | None
     on_waiting: OnWaiting | None
     wait_policy: WaitPolicy | None = None
+    once: Any = None
 
 
-_Entered = tuple[LockLease, KeeperTiming] | None
+_Entered = tuple[LockLease, KeeperTiming, "OnceRecord | None"] | None
+
+
+def _check_once(once: object) -> None:
+    if once is not None and not (
+        callable(getattr(once, "lookup", None)) and callable(getattr(once, "bound", None))
+    ):
+        raise InvalidRequest(
+            f"invalid once {type(once).__name__}: expected a business key on a run-once ledger "
+            "(ledger.once(key) of volcano_locks.once)"
+        )
 
 
 def _enter_flow(opts: _Options, client_timeout: float) -> Generator[Send, object, _Entered]:
@@ -170,9 +194,11 @@ def _enter_flow(opts: _Options, client_timeout: float) -> Generator[Send, object
 
     Returns the lease and the keeper's timing, or ``None`` when contention is skipped.
     """
+    asked = lease_clock()
     acquired = yield Send("wait_acquire" if opts.on_contention == "wait" else "acquire")
     if isinstance(acquired, ConflictError) and opts.on_contention == "skip":  # either 409: contention
         logger.info("lock is held elsewhere; skipping the block (on_contention='skip')")
+        record.wait_ended(opts.key, "skipped", lease_clock() - asked)
         return None
     if isinstance(acquired, BaseException):
         raise acquired
@@ -181,7 +207,7 @@ def _enter_flow(opts: _Options, client_timeout: float) -> Generator[Send, object
     timing = KeeperTiming(request_timeout=renewal_timeout(client_timeout, lease.ttl))
     now = lease_clock()
     if not _no_window(lease, timing, now):
-        return lease, timing
+        return (yield from _look_up(opts, lease, timing))
     budget = min(timing.request_timeout, lease.local_deadline - timing.margin - now)
     if budget >= timing.min_attempt:
         renewed = yield Send("renew", lease, timeout=budget)
@@ -191,11 +217,24 @@ def _enter_flow(opts: _Options, client_timeout: float) -> Generator[Send, object
         assert isinstance(renewed, LockLease)
         lease = renewed
         if not _no_window(lease, timing, lease_clock()):
-            return lease, timing
+            return (yield from _look_up(opts, lease, timing))
     yield Send("release", lease)
     raise OwnershipLost(
         "acquired lease has no safe renewal window; block not entered", code=ErrorCode.NO_SAFE_WINDOW
     )
+
+
+def _look_up(opts: _Options, lease: LockLease, timing: KeeperTiming) -> Generator[Send, object, _Entered]:
+    """With ``once``: the business key's record, looked up under the lock (a failed look-up releases it)."""
+    if opts.once is None:
+        return lease, timing, None
+    found = yield Send("lookup", lease)
+    if isinstance(found, BaseException):
+        yield Send("release", lease)
+        raise found
+    if found is not None:
+        logger.info("duplicate run, the block should do nothing: %s", found.describe())  # type: ignore[attr-defined]
+    return lease, timing, found  # type: ignore[return-value]
 
 
 def _leaving(
@@ -207,7 +246,7 @@ def _leaving(
 ) -> BaseException | None:
     """What leaves the block, in order: the loss if ``exc`` only carried its news (an interrupt, our own
     cancellation); else the block's own exception (``None`` here: it propagates as it is); else the
-    renewal failure; else a release failure."""
+    renewal failure; else a release's ``OwnershipLost`` (a refused release never comes here)."""
     if news_of_loss and loss is not None:
         loss.__suppress_context__ = True  # the interrupt only carried the news; keep the loss's cause
         return loss
@@ -219,8 +258,23 @@ def _leaving(
 class _GuardState(Generic[_KeeperT]):
     """What both guards report: the latest lease and whether ownership was lost."""
 
-    def __init__(self, keeper: _KeeperT | None) -> None:
+    def __init__(
+        self, keeper: _KeeperT | None, once: Any = None, duplicate: OnceRecord | None = None
+    ) -> None:
         self._keeper: _KeeperT | None = keeper
+        self._release_outcome: ReleaseOutcome[LockLease] | None = None
+        self._once = None if once is None else once.bound(self)
+        self._duplicate = duplicate
+
+    @property
+    def duplicate(self) -> OnceRecord | None:
+        """With ``once``: the first run's record when the business key is already done, else ``None``."""
+        return self._duplicate
+
+    @property
+    def once(self) -> Any:
+        """With ``once``: the business key bound to this guard's lease (``.begin()`` / ``.publish(...)``)."""
+        return self._once
 
     @property
     def acquired(self) -> bool:
@@ -236,6 +290,11 @@ class _GuardState(Generic[_KeeperT]):
     def fencing_token(self) -> int | None:
         """The lease's fencing token, to pass to whatever the lock protects."""
         return None if self._keeper is None else self._keeper.lease.fencing_token
+
+    @property
+    def release_outcome(self) -> ReleaseOutcome[LockLease] | None:
+        """How the release on exit ended (released, or left to lapse); ``None`` until the block exits."""
+        return self._release_outcome
 
     @property
     def lost(self) -> bool:
@@ -280,6 +339,16 @@ class AsyncLockGuard(_GuardState["AsyncLeaseKeeper"]):
         return await self._keeper.wait_lost(timeout)
 
 
+def _released(guard: LockGuard | AsyncLockGuard | None, result: object) -> BaseException | None:
+    """Keep a release's outcome on the guard; return the ``OwnershipLost`` of a lease found gone."""
+    if isinstance(result, BaseException):
+        logger.warning("release after with_lock found the lease lost: %s", result)
+        return result
+    if guard is not None:
+        guard._release_outcome = cast(ReleaseOutcome[LockLease], result)
+    return None
+
+
 _ClientT = TypeVar("_ClientT")
 
 
@@ -300,11 +369,13 @@ class _ContextBase(Generic[_ClientT]):
         on_loss: Callable[[OwnershipLost], object] | None,
         on_waiting: OnWaiting | None = None,
         wait_policy: WaitPolicy | None = None,
+        once: object = None,
     ) -> None:
         _check_options(key, ttl, token, request_id, on_contention, wait_timeout, on_loss)
+        _check_once(once)
         self._client = client
         self._opts = _Options(
-            key, ttl, token, request_id, on_contention, wait_timeout, on_waiting, wait_policy
+            key, ttl, token, request_id, on_contention, wait_timeout, on_waiting, wait_policy, once
         )
         self._interrupt = bool(interrupt)
         self._on_loss = on_loss
@@ -316,6 +387,8 @@ class _ContextBase(Generic[_ClientT]):
         """The call that performs ``step`` (a coroutine for the async client); not yet made."""
         client: Any = self._client
         o = self._opts
+        if step.op == "lookup":
+            return o.once.lookup()
         if step.op == "wait_acquire":
             return wait(
                 client,
@@ -329,7 +402,7 @@ class _ContextBase(Generic[_ClientT]):
             )
         if step.op == "acquire":
             return client.acquire(o.key, o.ttl, token=o.token, request_id=o.request_id)
-        assert step.lease is not None  # the entry flow renews and releases only the lease it holds
+        assert isinstance(step.lease, LockLease)  # the entry flow renews and releases only the lease it holds
         if step.op == "renew":
             return client.renew_within(step.lease, step.timeout)
         return release(step.lease)
@@ -352,6 +425,7 @@ class LockContext(_ContextBase["_SyncClient"]):
     def __init__(self, client: _SyncClient, key: str, ttl: int, **options: Any) -> None:
         super().__init__(client, key, ttl, **options)
         self._keeper: LeaseKeeper | None = None
+        self._guard: LockGuard | None = None
         self._interrupter: _Interrupter | None = None
 
     def __enter__(self) -> LockGuard:
@@ -359,14 +433,16 @@ class LockContext(_ContextBase["_SyncClient"]):
         step, entered = advance(flow, None)
         while step is not None:
             call = partial(self._call, step, wait_acquire, self._release_quietly)
-            step, entered = advance(flow, outcome(call))
+            caught = Exception if step.op == "lookup" else VolcanoError
+            step, entered = advance(flow, outcome(call, caught))
         if entered is None:
             return LockGuard(None)
-        lease, timing = entered
+        lease, timing, duplicate = entered
         self._keeper = LeaseKeeper(lease, self._client.renew_within, timing=timing, on_loss=self._lost)
         self._interrupter = _Interrupter() if self._interrupt else None
         self._keeper.start()
-        return LockGuard(self._keeper)
+        self._guard = LockGuard(self._keeper, self._opts.once, duplicate)
+        return self._guard
 
     def _release_quietly(self, lease: LockLease) -> BaseException | None:
         try:
@@ -375,6 +451,10 @@ class LockContext(_ContextBase["_SyncClient"]):
             logger.warning("release after with_lock failed: %s", exc)
             return exc
         return None
+
+    def _release_finished(self, lease: LockLease) -> BaseException | None:
+        """Release after the block: a refusal is retried, then left to lapse; only a loss comes back."""
+        return _released(self._guard, outcome(partial(release_or_lapse, self._client, lease)))
 
     def _lost(self, loss: OwnershipLost) -> None:
         if self._interrupter is not None:
@@ -391,7 +471,7 @@ class LockContext(_ContextBase["_SyncClient"]):
         if keeper is None:
             return False
         keeper.stop()
-        release_error = self._release_quietly(keeper.lease)
+        release_error = self._release_finished(keeper.lease)
         leaving = _leaving(exc, keeper.loss, release_error, news_of_loss=isinstance(exc, _InterruptedByLoss))
         if leaving is not None:
             raise leaving
@@ -410,6 +490,7 @@ class AsyncLockContext(_ContextBase["_AsyncClient"]):
     def __init__(self, client: _AsyncClient, key: str, ttl: int, **options: Any) -> None:
         super().__init__(client, key, ttl, **options)
         self._keeper: AsyncLeaseKeeper | None = None
+        self._guard: AsyncLockGuard | None = None
         self._task: asyncio.Task[object] | None = None
         self._body_running = False
         self._cancelled = False
@@ -419,19 +500,21 @@ class AsyncLockContext(_ContextBase["_AsyncClient"]):
         step, entered = advance(flow, None)
         while step is not None:
             call = cast("Awaitable[object]", self._call(step, async_wait_acquire, self._release_quietly))
-            step, entered = advance(flow, await async_outcome(call))
+            caught = Exception if step.op == "lookup" else VolcanoError
+            step, entered = advance(flow, await async_outcome(call, caught))
         if entered is None:
             return AsyncLockGuard(None)
-        lease, timing = entered
+        lease, timing, duplicate = entered
         self._task = asyncio.current_task()
         self._keeper = AsyncLeaseKeeper(lease, self._client.renew_within, timing=timing, on_loss=self._lost)
         self._keeper.start()
         self._body_running = True
-        return AsyncLockGuard(self._keeper)
+        self._guard = AsyncLockGuard(self._keeper, self._opts.once, duplicate)
+        return self._guard
 
     async def _stop_and_release(self, keeper: AsyncLeaseKeeper) -> BaseException | None:
         await keeper.stop()
-        return await self._release_quietly(keeper.lease)
+        return _released(self._guard, await async_outcome(async_release_or_lapse(self._client, keeper.lease)))
 
     async def _release_quietly(self, lease: LockLease) -> BaseException | None:
         try:

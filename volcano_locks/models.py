@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
-__all__ = ["ABSOLUTE_LEASE_SECONDS", "LeaseFacts", "LockLease", "LockState"]
+__all__ = ["ABSOLUTE_LEASE_SECONDS", "LeaseFacts", "LeaseRef", "LockLease", "LockState"]
 
 ABSOLUTE_LEASE_SECONDS = 90 * 24 * 3600
 """Every acquisition ends at most 90 days after it started, whatever renewals happen."""
@@ -44,6 +44,33 @@ class LockLease:
     def public_dict(self) -> dict[str, str | int]:
         """Return the public facts as JSON primitives (``self.facts().as_dict()``)."""
         return self.facts().as_dict()
+
+    def ref(self) -> LeaseRef:
+        """This lease as a :class:`LeaseRef` (what a release needs), until its local deadline."""
+        return LeaseRef(self.key, self.token, self.fencing_token, until=self.local_deadline)
+
+
+@dataclass(frozen=True)
+class LeaseRef:
+    """Which lease to release: its key and ownership token, for a holder that has no :class:`LockLease`.
+
+    A release sends only the key and the token, so an owner that kept neither the lease nor its
+    deadlines (a lease acquired by another process for it: an Airflow trigger's handoff, a lock
+    group's lease) releases through a reference. ``VolcanoLocks.release``, its async twin and
+    :func:`volcano_locks.releasing.release_or_lapse` accept one wherever they accept a lease.
+
+    Attributes:
+        key: The lock key.
+        token: The ownership token. Secret: never in the repr.
+        fencing_token: The lease's fencing token when known (for log lines; never sent).
+        until: The lease-clock time (:mod:`volcano_locks.clock`) after which the lease is surely
+            gone, when known: a refused release is retried until then. ``None``: one attempt.
+    """
+
+    key: str
+    token: str = field(repr=False)
+    fencing_token: int | None = None
+    until: float | None = None
 
 
 @dataclass(frozen=True)

@@ -33,11 +33,9 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Generic, TypeVar
 
 from volcano_locks.errors import ProtocolError, ServerError, TransportError, Unavailable, VolcanoError
-from volcano_locks.models import LockLease
 from volcano_locks.protocol import new_request_id
 
 __all__ = [
@@ -47,7 +45,6 @@ __all__ = [
     "Ledger",
     "Orphan",
     "SyncReaper",
-    "stand_in",
     "uncertain",
 ]
 
@@ -101,12 +98,6 @@ class Orphan:
     token: str = field(repr=False)
     request_id: str
     gave_up: float
-
-
-def stand_in(orphan: Orphan) -> LockLease:
-    """A lease value to release ``orphan`` with (a release reads only its key and token)."""
-    now = datetime.now(UTC)
-    return LockLease(orphan.key, orphan.token, now, 0, 5, now, 0.0, 0.0)
 
 
 class Ledger:

@@ -32,7 +32,7 @@ from volcano_locks.errors import (
     Unavailable,
     VolcanoError,
 )
-from volcano_locks.models import ABSOLUTE_LEASE_SECONDS, LockLease, LockState
+from volcano_locks.models import ABSOLUTE_LEASE_SECONDS, LeaseRef, LockLease, LockState
 
 __all__ = [
     "HEADER_LOCK_TOKEN",
@@ -54,6 +54,7 @@ __all__ = [
     "validate_key",
     "validate_lease",
     "validate_poll",
+    "validate_ref",
     "validate_request_id",
     "validate_token",
     "validate_ttl",
@@ -88,6 +89,8 @@ class Call:
     headers: Mapping[str, str] = field(repr=False)
     body: bytes | None = None
     timeout: float | None = None
+    key: str | None = None
+    """The lock key the call is about (for the lock metrics; the path carries it encoded)."""
 
 
 @dataclass(frozen=True)
@@ -186,10 +189,26 @@ def validate_request_id(request_id: object) -> str:
     return request_id
 
 
+_Held = TypeVar("_Held", LockLease, LeaseRef)
+
+
 def validate_lease(key: str, lease: object) -> LockLease:
     """Check ``lease`` is a :class:`LockLease` of ``key``."""
     if not isinstance(lease, LockLease):
         raise InvalidRequest(f"expected a LockLease, got {type(lease).__name__}")
+    return _of_key(key, lease)
+
+
+def validate_ref(key: str, lease: object) -> LeaseRef:
+    """Check ``lease`` is a :class:`LockLease` or :class:`LeaseRef` of ``key``; return its reference."""
+    if not isinstance(lease, LockLease | LeaseRef):
+        raise InvalidRequest(f"expected a LockLease or a LeaseRef, got {type(lease).__name__}")
+    if isinstance(lease, LockLease):
+        return _of_key(key, lease).ref()
+    return _of_key(key, lease)
+
+
+def _of_key(key: str, lease: _Held) -> _Held:
     if lease.key != key:
         raise InvalidRequest(f"lease belongs to lock key {_show(lease.key)}, not {_show(key)}")
     validate_token(lease.token)
@@ -223,7 +242,7 @@ def _call(
     if ttl is not None:
         headers["Content-Type"] = "application/json"
         body = json.dumps({"ttl_seconds": ttl}).encode()
-    return Call(op, method, _path(key, on_lease), request_id, headers, body, timeout)
+    return Call(op, method, _path(key, on_lease), request_id, headers, body, timeout, key)
 
 
 # ---------------------------------------------------------------------------------------------- responses
@@ -469,14 +488,14 @@ def renew_flow(
 
 
 def release_flow(
-    key: str, lease: LockLease, *, request_id: str | None, secrets: tuple[str, ...] = ()
+    key: str, lease: LockLease | LeaseRef, *, request_id: str | None, secrets: tuple[str, ...] = ()
 ) -> Flow[None]:
-    """Release ``lease`` (204; also when the lock is already gone)."""
+    """Release ``lease`` (a lease or a reference to one; 204, also when the lock is already gone)."""
     key = validate_key(key)
-    lease = validate_lease(key, lease)
-    call = _call("release", "DELETE", key, _request_id(request_id), on_lease=True, token=lease.token)
+    ref = validate_ref(key, lease)
+    call = _call("release", "DELETE", key, _request_id(request_id), on_lease=True, token=ref.token)
     reply = yield call
-    _expect(call, reply, 204, (*secrets, lease.token))
+    _expect(call, reply, 204, (*secrets, ref.token))
 
 
 def get_flow(key: str, *, request_id: str | None, secrets: tuple[str, ...] = ()) -> Flow[LockState]:

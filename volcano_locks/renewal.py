@@ -43,6 +43,7 @@ from volcano_locks.errors import (
     VolcanoError,
 )
 from volcano_locks.models import LockLease
+from volcano_locks.telemetry import record
 
 __all__ = [
     "AsyncLeaseKeeper",
@@ -212,6 +213,7 @@ class RenewalSchedule:
         if now >= self._lease.local_deadline:
             self.stalled(now)
             return
+        record.renewed(self._lease, lease, now)
         self._lease = lease
         self._failures = 0
         self._retry_at = None
@@ -276,7 +278,7 @@ class RenewalSchedule:
 
 def _renewal(step: Send) -> tuple[LockLease, float]:
     """The lease a renewal step renews and its request timeout (the schedule's renewals carry both)."""
-    assert step.lease is not None and step.timeout is not None
+    assert isinstance(step.lease, LockLease) and step.timeout is not None
     return step.lease, step.timeout
 
 
@@ -347,6 +349,7 @@ class _KeeperBase:
                 return
             self._reported = loss
         self._lost_event.set()
+        record.ended(self._schedule.lease, "lost", reason=str(loss.code or "unknown"))
         logger.error("lock ownership lost: %s", loss)
         if self._on_loss is not None:
             try:

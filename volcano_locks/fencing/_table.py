@@ -24,18 +24,19 @@ import os
 import re
 import sqlite3
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from volcano_locks.fencing._fence import StaleFencingToken
+from volcano_locks.fencing._fence import Fence, refusal
 
 __all__ = ["FencedTable", "FencedWrite"]
 
 _IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,50}$")
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,8 @@ class FencedTable:
             raise TypeError(f"fencing_token must be an int, got {fencing_token!r}")
         t, p = self.table, self._placeholder
         now = datetime.now(UTC).isoformat()
-        with self._connect() as conn:
+
+        def upsert(conn: Any) -> bool:
             accepted = (
                 conn.execute(
                     f"INSERT INTO {t} (resource, lock_key, fencing_token, value, writer, written_at)"
@@ -118,45 +120,78 @@ class FencedTable:
                 f" VALUES ({p}, {p}, {p}, {p}, {p}, {p}, {p})",
                 (resource, lock_key, fencing_token, value, writer, now, accepted),
             )
-        return bool(accepted)
+            return bool(accepted)
+
+        return self._run(upsert)
 
     def write_or_raise(
         self, resource: str, lock_key: str, fencing_token: int, value: str, *, writer: str = ""
     ) -> None:
         """Like :meth:`write`, but raise :class:`StaleFencingToken` when the write is refused."""
         if not self.write(resource, lock_key, fencing_token, value, writer=writer):
-            raise StaleFencingToken(resource, fencing_token, self.read(resource), lock_key=lock_key)
+            raise refusal("table", resource, Fence(lock_key, fencing_token), self.read(resource))
 
     def read(self, resource: str) -> FencedWrite | None:
         """Return the write that ``resource`` holds now, if any."""
-        with self._connect() as conn:
-            row = conn.execute(
+        row = self._run(
+            lambda conn: conn.execute(
                 f"SELECT resource, lock_key, fencing_token, value, writer, written_at FROM {self.table}"
                 f" WHERE resource = {self._placeholder}",
                 (resource,),
             ).fetchone()
+        )
         return None if row is None else _write_from_row(row, accepted=True)
 
     def history(self, resource: str | None = None) -> list[FencedWrite]:
         """Return every write attempt, in order, on ``resource`` (or on every resource)."""
         where, args = (f" WHERE resource = {self._placeholder}", (resource,)) if resource else ("", ())
-        with self._connect() as conn:
-            rows = conn.execute(
+        rows = self._run(
+            lambda conn: conn.execute(
                 "SELECT resource, lock_key, fencing_token, value, writer, written_at, accepted"
                 f" FROM {self.table}_history{where} ORDER BY id",
                 args,
             ).fetchall()
+        )
         return [_write_from_row(row[:6], accepted=bool(row[6])) for row in rows]
 
     @property
     def _placeholder(self) -> str:
         return "%s" if self._postgres else "?"
 
+    def _run(self, work: Callable[[Any], _T]) -> _T:
+        """``work`` on one connection in one transaction, the tables created when first found missing.
+
+        No statement looks for them in advance on PostgreSQL (a new FencedTable per run costs nothing once
+        they exist): a missing table fails the transaction, which runs again after creating them. SQLite
+        reads its own catalog, in-process, on a FencedTable's first call.
+        """
+        if not self._ready and not self._postgres and not self._sqlite_tables_exist():
+            self._create_tables()
+        try:
+            with self._connect() as conn:
+                result = work(conn)
+        except Exception as exc:
+            if self._ready or getattr(exc, "sqlstate", None) != "42P01":  # psycopg's undefined_table
+                raise
+            self._create_tables()
+            with self._connect() as conn:
+                result = work(conn)
+        self._ready = True
+        return result
+
+    def _sqlite_tables_exist(self) -> bool:
+        if not Path(self.db).exists():
+            return False
+        with closing(sqlite3.connect(self.db, timeout=30)) as lite:
+            names = {f"{self.table}", f"{self.table}_history"}
+            found = lite.execute(
+                "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name IN (?, ?)", tuple(names)
+            ).fetchone()[0]
+        return bool(found == len(names))
+
     @contextmanager
     def _connect(self) -> Iterator[Any]:
         """One connection and one transaction per call: safe to share the table between processes."""
-        if not self._ready:
-            self._create_tables()
         if self._postgres:
             import psycopg
 

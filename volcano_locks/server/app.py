@@ -11,19 +11,28 @@ store fails), injected faults (`when=after`). The connection layer (`http11`) bo
 `/__admin/*` exists only when the app is given an admin key, and needs `Authorization: Bearer <admin key>`:
 the server's own credential (`serve --admin` prints it as VOLCANO_ADMIN_KEY), never a project's key, which
 gets a 403 however privileged it is. The request log it serves keeps at most 10,000 entries with paths cut
-to 400 characters, and nothing at all when admin is off.
+to 400 characters, and nothing at all when admin is off. `/__admin/clock` reads and moves the server's
+clock when it is a `SkewedClock` (`{"jump": seconds}` steps it, `{"rate": r}` runs it fast or slow).
+
+Each entry of the request log says what the service decided, for a model checker to replay: `key`,
+`ttl`, `served` (the service's status, before any `when=after` fault replaced it), `answer` (its body),
+`now_us` (the server clock reading the decision was made at) and `mono` / `mono_end` (this machine's
+`time.monotonic()` just before and after the service ran: the decision happened in between). A history
+file also gets a `recv` record when a lock request is routed, before anything can change: a server killed
+with SIGKILL may have decided, unlogged, only requests it had received.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
 
 from .auth import AdminGate, Authenticator
-from .clock import Clock, system_clock
+from .clock import Clock, SkewedClock, check_clock_offset, check_clock_rate, system_clock
 from .errors import ApiError, StoreUnavailable
 from .faults import FaultAction, FaultInjector
 from .quota import QuotaLimiter
@@ -103,8 +112,12 @@ class LockApp:
         admin_key: str | None = None,
         clock: Clock = system_clock,
         log_requests: bool = True,
+        history: str | None = None,
     ) -> None:
-        """Wire the pipeline; an `admin_key` exposes /__admin/faults and /__admin/requests behind it."""
+        """Wire the pipeline; an `admin_key` exposes /__admin/faults, /requests and /clock behind it.
+
+        `history` names a file every request's log entry is appended to (JSON lines), admin or not.
+        """
         self.service = service
         self.authenticator = authenticator
         self.quota = quota
@@ -114,7 +127,7 @@ class LockApp:
         self.clock = clock
         self.log_requests = log_requests
         # Only the admin endpoint reads the log; without it the log keeps nothing.
-        self.requests = RequestLog(_REQUEST_LOG_ENTRIES if self.admin else 0)
+        self.requests = RequestLog(_REQUEST_LOG_ENTRIES if self.admin else 0, history)
 
     def handle(self, req: Request) -> Response:
         """Answer one request (never raises for anything about the request's shape)."""
@@ -133,6 +146,13 @@ class LockApp:
             "token_sha256": hash_token(token)[:12] if token is not None else None,
             "project": None,
             "fault": None,
+            "key": None,
+            "ttl": None,
+            "served": None,
+            "answer": None,
+            "now_us": None,
+            "mono": None,
+            "mono_end": None,
         }
         try:
             resp = self._handle_lock(req, path, entry)
@@ -171,6 +191,17 @@ class LockApp:
                 )
             )
         entry["op"] = op
+        # Received: what a model checker needs to know which requests a killed server may have decided
+        # without logging them (those it had received, and had not logged, when it died).
+        self.requests.note(
+            {
+                "ev": "recv",
+                "op": op,
+                "request_id": entry["request_id"],
+                "token_sha256": entry["token_sha256"],
+                "mono": time.monotonic(),
+            }
+        )
 
         before = self.faults.decide(op, "before") if self.faults.enabled() else None
         if before is not None and before.fired:
@@ -179,7 +210,12 @@ class LockApp:
             if faulted is not None:
                 return faulted
 
-        resp = self._serve_op(req, op, raw_key, entry)
+        self.service.decision_time()  # forget a decision this thread made for an earlier request
+        entry["mono"] = time.monotonic()
+        resp = self._serve_op(req, op, raw_key, entry, grant_held=before is not None and before.grant_held)
+        entry["mono_end"] = time.monotonic()
+        entry["now_us"] = self.service.decision_time()
+        entry["served"], entry["answer"] = resp.status, resp.body
 
         after = self.faults.decide(op, "after") if self.faults.enabled() else None
         if after is not None and after.fired:
@@ -208,7 +244,9 @@ class LockApp:
             )
         return None
 
-    def _serve_op(self, req: Request, op: str, raw_key: str, entry: dict[str, Any]) -> Response:
+    def _serve_op(
+        self, req: Request, op: str, raw_key: str, entry: dict[str, Any], *, grant_held: bool = False
+    ) -> Response:
         try:
             principal = self.authenticator.authenticate(req.headers.get("authorization"))
             entry["project"] = principal.project
@@ -224,6 +262,7 @@ class LockApp:
                 raise _body_too_large()
             validate_request_id(req.headers.get("x-volcano-request-id"))
             key = validate_key(unquote(raw_key, errors="strict"))
+            entry["key"] = key
             project = principal.project
             if op == "get":
                 return Response(200, self.service.read(project, key).to_json())
@@ -235,8 +274,10 @@ class LockApp:
                 self.service.release(project, key, token)
                 return Response(204)
             ttl = parse_ttl_body(req.body)
+            entry["ttl"] = ttl
             if op == "acquire":
-                return Response(201, self.service.acquire(project, key, token, ttl).to_json())
+                lease = self.service.acquire(project, key, token, ttl, ignore_holder=grant_held)
+                return Response(201, lease.to_json())
             return Response(200, self.service.renew(project, key, token, ttl).to_json())
         except UnicodeDecodeError:
             return error_response(
@@ -280,6 +321,8 @@ class LockApp:
                 log.info("faults set to %r", self.faults.spec)
                 return Response(200, {"faults": self.faults.spec})
             return method_not_allowed(req.method, "GET, PUT")
+        if path == "/__admin/clock":
+            return self._admin_clock(req)
         if path == "/__admin/requests":
             if req.method == "GET":
                 return Response(200, {"requests": self.requests.entries()})
@@ -288,6 +331,56 @@ class LockApp:
                 return Response(204)
             return method_not_allowed(req.method, "GET, DELETE")
         return error_response(ApiError(404, "not_found", f"no such admin endpoint: {path[:100]!r}"))
+
+    def _admin_clock(self, req: Request) -> Response:
+        clock = self.clock
+        if not isinstance(clock, SkewedClock):
+            raise ApiError(
+                409, "clock_fixed", "this server's clock cannot be moved (it is not a SkewedClock)"
+            )
+        if req.method == "GET":
+            return Response(200, clock.state())
+        if req.method != "PUT":
+            return method_not_allowed(req.method, "GET, PUT")
+        if req.body_too_large:
+            raise _body_too_large()
+        jump, rate = _clock_change(req.body)
+        try:  # both checked before either applies: a bad request changes nothing
+            jump = None if jump is None else check_clock_offset(jump)
+            rate = None if rate is None else check_clock_rate(rate)
+        except ValueError as exc:
+            raise ApiError(400, "invalid_clock", str(exc)) from None
+        if rate is not None:
+            clock.set_rate(rate)
+        if jump is not None:
+            clock.jump(jump)
+        state = clock.state()
+        log.info(
+            "clock moved: jump %s, rate %s; now offset %+.3f s, rate %g",
+            jump,
+            rate,
+            state["offset"],
+            state["rate"],
+        )
+        self.requests.note({"ev": "clock", "jump": jump, "rate": rate, "mono": time.monotonic(), **state})
+        return Response(200, state)
+
+
+def _clock_change(body: bytes) -> tuple[float | None, float | None]:
+    doc = load_json_body(body or b"null", "invalid_clock")
+    if not isinstance(doc, dict) or not doc or set(doc) - {"jump", "rate"}:
+        raise ApiError(
+            400, "invalid_clock", 'body must be {"jump": seconds} and/or {"rate": times real time}'
+        )
+    values: list[float | None] = []
+    for name in ("jump", "rate"):
+        value = doc.get(name)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value)
+        ):
+            raise ApiError(400, "invalid_clock", f"{name} {value!r} is not a finite number")
+        values.append(None if value is None else float(value))
+    return values[0], values[1]
 
 
 def _body_too_large() -> ApiError:

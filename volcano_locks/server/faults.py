@@ -5,6 +5,7 @@ Spec: comma-separated rules, each an action then `:`-separated options::
     status=503[:rate=R][:count=N][:op=OPS][:when=before|after]
     delay=A-B[:rate=R][:count=N][:op=OPS][:when=before|after]      (seconds; `delay=0.5` means 0.5-0.5)
     drop[:rate=R][:count=N][:op=OPS][:when=before|after]
+    grant_held[:rate=R][:count=N]                                   (a deliberate bug; acquire only)
 
 `rate` is the probability a matching request triggers the rule (default 1), `count` caps how often it
 fires (default unlimited), `op` is one or more of acquire, renew, release, get, force_release joined by
@@ -12,6 +13,10 @@ fires (default unlimited), `op` is one or more of acquire, renew, release, get, 
 `when=after` after it was processed: `status`/`drop` then hide a state change that happened (an
 uncertain acquisition). `drop` closes the connection without any response. Rules are tried in order:
 every triggered delay applies, and the first triggered status or drop ends the request.
+
+`grant_held` makes the server wrong on purpose: an acquire it fires on is decided as if no live lease
+held the key, so a held lock is granted a second time (with the next fencing token). It exists to prove
+that the chaos suite's model checker catches a server that breaks the contract; nothing else uses it.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ OPS = frozenset({"acquire", "renew", "release", "get", "force_release"})
 class FaultRule:
     """One parsed rule; `remaining` counts down when `count` was given."""
 
-    kind: str  # "status", "delay" or "drop"
+    kind: str  # "status", "delay", "drop" or "grant_held"
     status: int = 0
     delay: tuple[float, float] = (0.0, 0.0)
     rate: float = 1.0
@@ -46,6 +51,7 @@ class FaultAction:
     delay: float = 0.0
     status: int | None = None
     drop: bool = False
+    grant_held: bool = False
     fired: tuple[str, ...] = field(default_factory=tuple)
 
 
@@ -79,8 +85,10 @@ def _parse_rule(text: str) -> FaultRule:
         rule = FaultRule("delay", delay=(lo, hi))
     elif name == "drop" and not arg:
         rule = FaultRule("drop")
+    elif name == "grant_held" and not arg:
+        rule = FaultRule("grant_held", ops=frozenset({"acquire"}))
     else:
-        raise ValueError(f"fault rule {text!r}: start with status=CODE, delay=A-B or drop")
+        raise ValueError(f"fault rule {text!r}: start with status=CODE, delay=A-B, drop or grant_held")
     rule.text = text
     for option in options:
         key, _, value = option.partition("=")
@@ -103,6 +111,8 @@ def _parse_rule(text: str) -> FaultRule:
             rule.when = value
         else:
             raise ValueError(f"fault rule {text!r}: unknown option {option!r}")
+    if rule.kind == "grant_held" and (rule.ops != {"acquire"} or rule.when != "before"):
+        raise ValueError(f"fault rule {text!r}: grant_held applies to acquire, before it is decided")
     return rule
 
 
@@ -145,6 +155,7 @@ class FaultInjector:
     def decide(self, op: str, when: str) -> FaultAction:
         """Roll the dice for `op` in phase `when` and return the combined action."""
         delay = 0.0
+        grant_held = False
         fired: list[str] = []
         with self._lock:
             for rule in self._rules:
@@ -160,8 +171,10 @@ class FaultInjector:
                 if rule.kind == "delay":
                     lo, hi = rule.delay
                     delay += self._rng.uniform(lo, hi)
+                elif rule.kind == "grant_held":
+                    grant_held = True
                 elif rule.kind == "status":
                     return FaultAction(delay=delay, status=rule.status, fired=tuple(fired))
                 else:
                     return FaultAction(delay=delay, drop=True, fired=tuple(fired))
-        return FaultAction(delay=delay, fired=tuple(fired))
+        return FaultAction(delay=delay, grant_held=grant_held, fired=tuple(fired))

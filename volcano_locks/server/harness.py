@@ -25,9 +25,19 @@ from .clock import Clock, system_clock
 if TYPE_CHECKING:
     from .http11 import Limits
 
-__all__ = ["InProcessServer", "LocalServer"]
+__all__ = ["InProcessServer", "LocalServer", "printed_variables"]
 
 _DEFAULT_PROJECT = "local"
+
+
+def printed_variables(text: str) -> dict[str, str]:
+    """The ``export VOLCANO_...=value`` lines `volcano-locks serve` printed (before ``ready``), by name."""
+    found = {}
+    for line in text.splitlines():
+        name, sep, value = line.strip().removeprefix("export ").partition("=")
+        if sep and name.startswith("VOLCANO_"):
+            found[name] = value
+    return found
 
 
 class _ServerBase:
@@ -133,6 +143,18 @@ class _ServerBase:
         """Forget the recorded requests (needs admin=True)."""
         self._admin("DELETE", "/__admin/requests")
 
+    def clock_state(self) -> dict[str, float]:
+        """The server clock's reading, offset from the system clock and rate (needs admin=True)."""
+        return dict(self._admin("GET", "/__admin/clock"))
+
+    def jump_clock(self, seconds: float) -> dict[str, float]:
+        """Step the server's clock by `seconds` (negative: back); return its new state (needs admin=True)."""
+        return dict(self._admin("PUT", "/__admin/clock", {"jump": seconds}))
+
+    def set_clock_rate(self, rate: float) -> dict[str, float]:
+        """Run the server's clock `rate` times as fast as real time; return its state (needs admin=True)."""
+        return dict(self._admin("PUT", "/__admin/clock", {"rate": rate}))
+
     def start(self) -> Self:
         """Start serving; return self."""
         raise NotImplementedError
@@ -179,13 +201,21 @@ class LocalServer(_ServerBase):
         env: dict[str, str] | None = None,
         serve_args: Sequence[str] = (),
         admin_key: str | None = None,
+        clock_offset: float = 0.0,
+        clock_rate: float = 1.0,
+        history: str | None = None,
     ) -> None:
         """Configure (not start) a server; db None means a fresh SQLite file in a private temp dir.
 
         `serve_args` are appended to the `volcano-locks serve` command line (e.g. `--max-connections`).
+        `clock_offset` and `clock_rate` skew the server's clock from the start (a restart starts it
+        afresh from them: set them first to carry a skew across); `history` is `serve --history`.
         """
         super().__init__(db, secret, quota, faults, admin, port, host, log_requests, admin_key)
         self.serve_args = list(serve_args)
+        self.clock_offset = clock_offset
+        self.clock_rate = clock_rate
+        self.history = history
         self.python = python
         self.startup_timeout = startup_timeout
         self.extra_env = dict(env or {})
@@ -215,6 +245,10 @@ class LocalServer(_ServerBase):
             cmd.append("--admin")
         if not self.log_requests:
             cmd.append("--no-request-log")
+        if self.clock_offset or self.clock_rate != 1.0:
+            cmd += ["--clock-offset", repr(self.clock_offset), "--clock-rate", repr(self.clock_rate)]
+        if self.history is not None:
+            cmd += ["--history", self.history]
         cmd += self.serve_args
         env = {
             **os.environ,
@@ -239,9 +273,7 @@ class LocalServer(_ServerBase):
                     f"{self.stderr()[-3000:]}"
                 )
             time.sleep(0.02)
-        for line in text.splitlines():
-            if line.startswith("VOLCANO_API_URL="):
-                self.url = line.split("=", 1)[1].strip()
+        self.url = printed_variables(text)["VOLCANO_API_URL"]
         self.port = int(self.url.rsplit(":", 1)[1])
         return self
 
@@ -300,12 +332,17 @@ class InProcessServer(_ServerBase):
         log_requests: bool = False,
         limits: Limits | None = None,
         admin_key: str | None = None,
+        history: str | None = None,
     ) -> None:
-        """Configure (not start) a server; db None means a fresh SQLite file in a private temp dir."""
+        """Configure (not start) a server; db None means a fresh SQLite file in a private temp dir.
+
+        `history` names a file every request's log entry is appended to (`serve --history`).
+        """
         from .store import LockStore
 
         super().__init__(db, secret, quota, faults, admin, port, host, log_requests, admin_key)
         self.clock = clock
+        self.history = history
         self.limits = limits
         self._store: LockStore | None = None
         self._httpd: Any = None
@@ -325,6 +362,7 @@ class InProcessServer(_ServerBase):
             admin_key=self.admin_key if self.admin else None,
             clock=self.clock,
             log_requests=self.log_requests,
+            history=self.history,
         )
         self._httpd = build_server(self.host, self.port, app, self.limits)
         self.url = self._httpd.url
@@ -342,6 +380,7 @@ class InProcessServer(_ServerBase):
         if self._httpd is not None:
             self._httpd.shutdown()
             self._httpd.server_close()
+            self._httpd.app.requests.close()
             self._httpd = None
         if self._store is not None:
             self._store.close()

@@ -18,7 +18,7 @@ from typing import TextIO
 from .app import LockApp
 from .auth import Authenticator, check_admin_key, check_secret, mint_key, new_admin_key
 from .backends import open_store
-from .clock import Clock, system_clock
+from .clock import Clock, SkewedClock, system_clock
 from .faults import FaultInjector
 from .http11 import Limits, LockHTTPServer, build_server, serve_in_thread
 from .quota import QuotaLimiter
@@ -113,6 +113,15 @@ class ServeConfig:
     admin_key: str | None = None
     log_requests: bool = True
     limits: Limits = field(default_factory=Limits)
+    clock_offset: float = 0.0
+    clock_rate: float = 1.0
+    history: str | None = None
+
+    def clock(self) -> Clock:
+        """The server's clock: the system's, or a movable `SkewedClock` when skewed or with --admin."""
+        if self.admin or self.clock_offset or self.clock_rate != 1.0:
+            return SkewedClock(offset=self.clock_offset, rate=self.clock_rate)
+        return system_clock
 
 
 def build_app(
@@ -124,10 +133,12 @@ def build_app(
     admin_key: str | None = None,
     clock: Clock = system_clock,
     log_requests: bool = True,
+    history: str | None = None,
 ) -> LockApp:
     """Wire a LockApp over `store` with one clock for leases, key expiry and quota windows.
 
-    An `admin_key` turns the admin endpoints on, behind that key.
+    An `admin_key` turns the admin endpoints on, behind that key; `history` names a file that every
+    request's log entry is appended to.
     """
     return LockApp(
         LockService(store, clock),
@@ -137,6 +148,7 @@ def build_app(
         admin_key=admin_key,
         clock=clock,
         log_requests=log_requests,
+        history=history,
     )
 
 
@@ -149,8 +161,10 @@ def serve(config: ServeConfig, out: TextIO = sys.stdout) -> int:
     admin_key = None
     if config.admin:
         admin_key = check_admin_key(config.admin_key or os.environ.get(ADMIN_KEY_ENV) or new_admin_key())
+    clock = config.clock()
     store = open_store(db)
     httpd: LockHTTPServer | None = None
+    app: LockApp | None = None
     try:
         app = build_app(
             store,
@@ -158,7 +172,9 @@ def serve(config: ServeConfig, out: TextIO = sys.stdout) -> int:
             quota=config.quota,
             faults=config.faults,
             admin_key=admin_key,
+            clock=clock,
             log_requests=config.log_requests,
+            history=config.history,
         )
         httpd = build_server(config.host, config.port, app, config.limits)
         if config.admin and not _is_loopback(config.host):
@@ -179,17 +195,20 @@ def serve(config: ServeConfig, out: TextIO = sys.stdout) -> int:
         print(f"Volcano locks server on {httpd.url} (db: {shown_db}, project: local)", file=out)
         if config.faults:
             print(f"fault injection ON: {config.faults}", file=out)
+        if config.clock_offset or config.clock_rate != 1.0:
+            print(f"clock skewed: {config.clock_offset:+g} s, running at {config.clock_rate:g}x", file=out)
         if admin_key is not None:
             print(
-                "admin endpoints ON: /__admin/faults, /__admin/requests"
+                "admin endpoints ON: /__admin/faults, /__admin/requests, /__admin/clock"
                 " (Authorization: Bearer $VOLCANO_ADMIN_KEY; no project's key opens them)",
                 file=out,
             )
-        print(f"VOLCANO_API_URL={httpd.url}", file=out)
-        print(f"VOLCANO_ANON_KEY={mint_key(secret, 'local', 'anon')}", file=out)
-        print(f"VOLCANO_SERVICE_KEY={mint_key(secret, 'local', 'service')}", file=out)
+        # Lines a user pastes into the shell that runs their code (harness.printed_variables reads them).
+        print(f"export VOLCANO_API_URL={httpd.url}", file=out)
+        print(f"export VOLCANO_ANON_KEY={mint_key(secret, 'local', 'anon')}", file=out)
+        print(f"export VOLCANO_SERVICE_KEY={mint_key(secret, 'local', 'service')}", file=out)
         if admin_key is not None:
-            print(f"VOLCANO_ADMIN_KEY={admin_key}", file=out)
+            print(f"export VOLCANO_ADMIN_KEY={admin_key}", file=out)
         print("ready", file=out, flush=True)
         parent = os.environ.get(PARENT_ENV)
         while not stop.wait(0.2):
@@ -207,6 +226,8 @@ def serve(config: ServeConfig, out: TextIO = sys.stdout) -> int:
     finally:
         if httpd is not None:
             httpd.server_close()
+        if app is not None:
+            app.requests.close()
         store.close()
 
 

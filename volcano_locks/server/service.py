@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import threading
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
@@ -76,18 +77,35 @@ class LockService:
         """Serve locks from `store`, taking every 'now' from `clock` (seconds since the epoch)."""
         self.store = store
         self.clock = clock
+        self._decided = threading.local()
 
     def _now_us(self) -> int:
-        return round(self.clock() * _US)
+        now = round(self.clock() * _US)
+        self._decided.at = now
+        return now
 
-    def acquire(self, project: str, key: str, token: str, ttl: int) -> Lease:
-        """Grant a new lease, or reset the expiry of the caller's own live lease (idempotent re-acquire)."""
+    def decision_time(self) -> int | None:
+        """The clock reading (microseconds) this thread's last decision was made at, then forget it.
+
+        The request log records it beside the answer, so a model of the contract can replay each
+        decision at the time the server made it (see the chaos suite's checker).
+        """
+        at: int | None = getattr(self._decided, "at", None)
+        self._decided.at = None
+        return at
+
+    def acquire(self, project: str, key: str, token: str, ttl: int, *, ignore_holder: bool = False) -> Lease:
+        """Grant a new lease, or reset the expiry of the caller's own live lease (idempotent re-acquire).
+
+        `ignore_holder` is a deliberate bug for fault injection (`grant_held`): decide as if no live
+        lease held the key.
+        """
         token_hash = hash_token(token)
         ttl_us = ttl * _US
 
         def decide(row: LockRow | None) -> tuple[LockRow | None, Lease]:
             now = self._now_us()
-            if row is not None and _holds(row, now):
+            if row is not None and _holds(row, now) and not ignore_holder:
                 if row.token_hash != token_hash:
                     raise ApiError(409, "lock_held", f"lock {key!r} is held by another owner")
                 if now >= row.expires_us - RENEW_MARGIN_US:

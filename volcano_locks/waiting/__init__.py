@@ -33,7 +33,11 @@ engine spends deliberately:
   any direct call (an uncontended lock costs one request), not yet a waiting request.
 * **Woken, not only polling.** :func:`wake` makes the heads waiting on a key try to acquire at once.
   The clients call it when they release a lock in this process; integrations call it when they are
-  told of a release elsewhere (Prefect events). Polling stays as the safety net.
+  told of a release elsewhere (Prefect events). Polling stays as the safety net. Where releases are
+  announced, :func:`inform` also tells the waiters of each new holder, and a policy with
+  :attr:`~WaitPolicy.at_expiry` looks only when a known holder's lease would end unrenewed (its
+  ``expires_at`` plus the grace): a line of short holds costs no looks, a crashed holder is taken
+  over about a second after its lease ends.
 
 The engine's decisions are one sans-I/O generator (:func:`~volcano_locks.waiting.flow._wait_flow`) that
 yields "wait until" and "send" steps (:mod:`volcano_locks._steps`); :func:`wait_acquire` drives it with
@@ -56,8 +60,17 @@ from __future__ import annotations
 
 from volcano_locks.waiting.drivers import AsyncWaitClient, SyncWaitClient, async_wait_acquire, wait_acquire
 from volcano_locks.waiting.flow import _wait_flow as _wait_flow  # the tests drive the flow itself
-from volcano_locks.waiting.policy import FLOOR, GRACE, JITTER, Contention, OnWaiting, WaitPolicy, poll_delay
-from volcano_locks.waiting.registry import SharedPolls, wake
+from volcano_locks.waiting.policy import (
+    FLOOR,
+    GRACE,
+    JITTER,
+    Contention,
+    OnWaiting,
+    WaitPolicy,
+    poll_delay,
+    until_ended,
+)
+from volcano_locks.waiting.registry import SharedPolls, inform, wake
 from volcano_locks.waiting.registry import _KeyWait as _KeyWait
 from volcano_locks.waiting.waiter import WaiterState
 from volcano_locks.waiting.waiter import _Waiter as _Waiter
@@ -74,7 +87,9 @@ __all__ = [
     "WaitPolicy",
     "WaiterState",
     "async_wait_acquire",
+    "inform",
     "poll_delay",
+    "until_ended",
     "wait_acquire",
     "wake",
 ]

@@ -16,9 +16,10 @@ from typing import Protocol, TypedDict, Unpack
 
 from volcano_locks._steps import Op, Send, advance, async_outcome, outcome
 from volcano_locks.clock import lease_clock
-from volcano_locks.errors import ConflictError, VolcanoError
+from volcano_locks.errors import ConflictError, VolcanoError, WaitTimeout
 from volcano_locks.governor import Governor
 from volcano_locks.models import LockLease, LockState
+from volcano_locks.telemetry import record
 from volcano_locks.waiting.flow import _Flow, _Step, _wait_flow
 from volcano_locks.waiting.policy import Contention, OnWaiting, WaitPolicy, _policy, _raising
 from volcano_locks.waiting.registry import SharedPolls
@@ -80,9 +81,17 @@ class _Run:
     """
 
     def __init__(
-        self, flow: _Flow, waiter: _Waiter, governor: Governor, raising: bool, on_waiting: OnWaiting | None
+        self,
+        flow: _Flow,
+        waiter: _Waiter,
+        governor: Governor,
+        raising: bool,
+        on_waiting: OnWaiting | None,
+        mode: str = "in_slot",
     ) -> None:
         self.waiter = waiter
+        self.mode = mode
+        self.waiting = False  # past its first refusal: counted among the waiters
         self._flow = flow
         self._governor = governor
         self._raising = raising
@@ -104,6 +113,9 @@ class _Run:
 
     def answer(self, result: object) -> None:
         """Hand the flow the call's outcome; with ``contention="raise"``, raise a refusal first."""
+        if isinstance(result, ConflictError) and not self._raising and not self.waiting:
+            self.waiting = True
+            record.waiting(self.waiter.key, self.mode, 1)
         if self._raising:
             if isinstance(result, ConflictError):
                 self.waiter.refused()  # a definite answer: no lease of this attempt to abandon
@@ -133,7 +145,9 @@ def _running(
     """
     poll, timeout = args.get("poll", 1.0), args.get("timeout")
     waiter = _new_waiter(key, ttl, timeout, args.get("token"), poll, args.get("request_id"), signal)
+    policy = _policy(poll, args.get("policy"))
     raising = _raising(args.get("contention", "wait"))
+    started = lease_clock()
     with SharedPolls.join(
         object() if raising else scope, client.api_url, client.credential_id, waiter, recall=not raising
     ) as entry:
@@ -141,17 +155,34 @@ def _running(
             entry,
             waiter,
             client.governor,
-            _policy(poll, args.get("policy")),
+            policy,
             timeout,
             None if raising else args.get("on_waiting"),
             lease_clock,
             random.random,
             raising=raising,
         )
+        run: _Run | None = None
+        ending: record.WaitOutcome = "acquired"
+        span = None if raising else record.wait_started(key, policy.mode)
         try:
-            yield _Run(flow, waiter, client.governor, raising, args.get("on_waiting"))
+            run = _Run(flow, waiter, client.governor, raising, args.get("on_waiting"), policy.mode)
+            yield run
+        except WaitTimeout:
+            ending = "timed_out"
+            raise
+        except Exception:
+            ending = "failed"
+            raise
+        except BaseException:
+            ending = "cancelled"
+            raise
         finally:
             flow.close()
+            if run is not None and run.waiting:
+                record.waiting(key, run.mode, -1)
+            if not raising:
+                record.wait_ended(key, ending, lease_clock() - started, span)
             if waiter.uncertain and waiter.request_id is not None:
                 # The wait ends (timed out, cancelled, failed) right after an attempt whose outcome is
                 # unknown: the server may hold a lease for this token that nobody will use.

@@ -22,9 +22,10 @@ from volcano_locks.errors import (
     Unavailable,
     WaitTimeout,
 )
+from volcano_locks.eta import reporting
 from volcano_locks.governor import Governor
 from volcano_locks.models import LockLease, LockState
-from volcano_locks.waiting.policy import OnWaiting, WaitPolicy, poll_delay
+from volcano_locks.waiting.policy import FLOOR, OnWaiting, WaitPolicy, poll_delay, until_ended
 from volcano_locks.waiting.registry import _KeyWait
 from volcano_locks.waiting.waiter import _Booking, _Waiter
 
@@ -75,7 +76,7 @@ def _wait_flow(
             if next_report is not None and now >= next_report:
                 next_report = now + policy.report_every
                 if on_waiting is not None:
-                    on_waiting(entry.holder, now - started)
+                    _report(on_waiting, entry, waiter, now, started)
             horizon = min((t for t in (deadline, next_report) if t is not None), default=math.inf)
             is_head = entry.head() is waiter
             if not is_head and not waiter.first:  # a newcomer's first attempt does not queue
@@ -126,11 +127,18 @@ def _wait_flow(
                     continue
                 next_report = clock() + policy.report_every
                 if on_waiting is not None:
-                    on_waiting(entry.holder, clock() - started)
+                    _report(on_waiting, entry, waiter, clock(), started)
     finally:
         if waiter.booking is not None:
             governor.refund()
             waiter.booking = None
+
+
+def _report(on_waiting: OnWaiting, entry: _KeyWait, waiter: _Waiter, now: float, started: float) -> None:
+    """Call ``on_waiting`` with the holder and the time waited; :func:`volcano_locks.eta.reported` gives
+    the waiter's expected start meanwhile."""
+    with reporting(entry.eta(waiter, now)):
+        on_waiting(entry.holder, now - started)
 
 
 def _settle(
@@ -154,6 +162,9 @@ def _settle(
     def look_later(holder: LockState | None) -> None:
         if not is_head:
             return
+        if policy.at_expiry:
+            look_at_expiry(holder)
+            return
         # A poller for many waiters looks every half poll while a line passes (the next handoff is
         # due); past twice the last tenure (and its slack) it is a long holder: back off, cost little.
         turnover = policy.follow_turnover and entry.in_turnover(now, policy.cap)
@@ -163,6 +174,18 @@ def _settle(
         )
         if not turnover:
             entry.delay = policy.grown(delay, same_holder=not entry.moved)
+
+    def look_at_expiry(holder: LockState | None) -> None:
+        # Releases wake this waiter: look when the holder's lease ends unrenewed (the first in line
+        # even when it renews); an unknown expiry, or a renewing holder left to the first, backs off.
+        passed = holder is None or (entry.renewing and entry.behind > 0)
+        until = None if passed or holder is None else until_ended(holder, now=wall, draw=rng())
+        if until is not None:
+            entry.next_look_at = now + max(FLOOR, until + entry.behind)
+            return
+        delay = policy.poll if entry.delay is None else entry.delay
+        entry.next_look_at = now + poll_delay(None, poll=delay, now=wall, draw=rng())
+        entry.delay = policy.grown(delay)
 
     if isinstance(outcome, LockLease):
         waiter.acquired()

@@ -14,7 +14,17 @@ from typing import Literal
 from volcano_locks.errors import InvalidRequest
 from volcano_locks.models import LockState
 
-__all__ = ["FLOOR", "GRACE", "JITTER", "Contention", "OnWaiting", "WaitPolicy", "poll_delay"]
+__all__ = [
+    "FLOOR",
+    "GRACE",
+    "JITTER",
+    "Contention",
+    "OnWaiting",
+    "WaitMode",
+    "WaitPolicy",
+    "poll_delay",
+    "until_ended",
+]
 
 FLOOR = 0.25
 """The shortest sleep between two looks at one key, in seconds."""
@@ -29,6 +39,11 @@ seconds of the release) instead of in clusters that leave the lock idle in betwe
 
 OnWaiting = Callable[[LockState | None, float], object]
 """``on_waiting(holder, waited_seconds)``: called when a wait starts and about every minute after."""
+
+WaitMode = Literal["in_slot", "deferred", "event_woken"]
+"""How a waiter waits, as the lock metrics tell waiters apart: holding its worker slot and polling
+(``in_slot``), deferred to a poller that stands for many (``deferred``: the Airflow triggerer), or woken
+by the orchestrator's release events with polling as the safety net (``event_woken``: Prefect)."""
 
 Contention = Literal["wait", "raise"]
 """What a waiter does when the lock is held: wait it out, or raise the refusal (see :func:`wait_acquire`)."""
@@ -54,6 +69,13 @@ class WaitPolicy:
             lock idle. For a poller that stands for many waiters (the Airflow triggerer: one poll
             per key for all its triggers); separate waiting processes leave it off, since each of
             them would look that often.
+        mode: How the waiter waits (:data:`WaitMode`); only the lock metrics read it.
+        at_expiry: Releases are announced to the waiter (it is woken, :func:`wake`, and told of new
+            holders, :func:`inform`): looks are only the safety net for a holder that ends without a
+            release (a crash). A holder whose expiry is known is looked at when it ends, at
+            ``expires_at`` plus the grace, renewing or not, and not before (a line passing costs no
+            looks); a waiter told it is not first in line (:func:`inform`) leaves a renewing holder's
+            expiry to the first and backs off to ``cap``. The backoff is for an unknown expiry only.
     """
 
     poll: float = 1.0
@@ -61,6 +83,8 @@ class WaitPolicy:
     cap: float = 20.0
     report_every: float = 60.0
     follow_turnover: bool = False
+    mode: WaitMode = "in_slot"
+    at_expiry: bool = False
 
     def grown(self, delay: float, *, same_holder: bool = False) -> float:
         """The delay after ``delay``: times ``factor`` (squared for the same holder seen again), capped."""
@@ -88,11 +112,22 @@ def poll_delay(
             the lock will be free, so the delay is not cut to it.
     """
     delay = poll * (1 - JITTER + 2 * JITTER * draw)
-    if holder is not None and holder.expires_at is not None and not renewing:
-        # A little spread past the grace keeps waiters in different processes from arriving together.
-        until_free = (holder.expires_at - now).total_seconds() + GRACE + 0.2 * draw
-        delay = min(delay, until_free)
+    if holder is not None and not renewing:
+        until_free = until_ended(holder, now=now, draw=draw)
+        if until_free is not None:
+            delay = min(delay, until_free)
     return max(floor, delay)
+
+
+def until_ended(holder: LockState, *, now: datetime, draw: float) -> float | None:
+    """Seconds from ``now`` until ``holder``'s lease can be taken over unrenewed (``None``: unknown).
+
+    ``expires_at`` plus the server's :data:`GRACE`, plus a little spread (a fifth of a second times
+    ``draw``) that keeps waiters in different processes from arriving together.
+    """
+    if holder.expires_at is None:
+        return None
+    return (holder.expires_at - now).total_seconds() + GRACE + 0.2 * draw
 
 
 def _policy(poll: float, policy: WaitPolicy | None) -> WaitPolicy:

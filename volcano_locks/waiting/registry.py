@@ -9,13 +9,17 @@ from collections import OrderedDict, deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import ClassVar
 
 from volcano_locks.clock import lease_clock
+from volcano_locks.errors import InvalidRequest
+from volcano_locks.eta import TENURES_KEPT, Eta, estimate
 from volcano_locks.models import LockState
+from volcano_locks.waiting.policy import FLOOR, until_ended
 from volcano_locks.waiting.waiter import _Waiter
 
-__all__ = ["SharedPolls", "wake"]
+__all__ = ["SharedPolls", "inform", "wake"]
 
 logger = logging.getLogger("volcano_locks.waiting")
 
@@ -28,6 +32,7 @@ class _Recall:
     changed_at: float | None
     tenure: float | None
     left_at: float  # lease-clock time the last waiter left
+    tenures: tuple[float, ...] = ()
 
 
 @dataclass(eq=False)
@@ -46,12 +51,23 @@ class _KeyWait:
     woken: bool = False
     changed_at: float | None = None  # lease-clock time the current holder was first seen
     tenure: float | None = None  # how long the holder before it held, as seen from here
+    behind: float = 0.0  # seconds this queue leaves past a holder's expiry to the first in line (`inform`)
+    tenures: deque[float] = field(default_factory=lambda: deque(maxlen=TENURES_KEPT))  # the last ones
 
     def changed_hands(self, now: float) -> None:
         """The lock has a new holder since the last look: remember how long the previous one held."""
         if self.changed_at is not None:
             self.tenure = now - self.changed_at
+            self.tenures.append(self.tenure)
         self.changed_at = now
+
+    def eta(self, waiter: _Waiter, now: float) -> Eta | None:
+        """``waiter``'s expected start (:mod:`volcano_locks.eta`), from the tenures seen here."""
+        with self.lock:
+            position = next((i for i, w in enumerate(self.waiters, 1) if w is waiter), len(self.waiters) + 1)
+            tenures = list(self.tenures)
+        elapsed = None if self.changed_at is None else now - self.changed_at
+        return estimate(tenures, elapsed, position)
 
     def in_turnover(self, now: float, slack: float) -> bool:
         """The lock is passing a line: its holder has held under twice (or ``slack`` s over) the last tenure.
@@ -65,12 +81,13 @@ class _KeyWait:
 
     def recall(self) -> _Recall:
         """What this key's poll learnt of the lock's turnover, to outlive its queue (:class:`SharedPolls`)."""
-        return _Recall(self.holder, self.changed_at, self.tenure, lease_clock())
+        return _Recall(self.holder, self.changed_at, self.tenure, lease_clock(), tuple(self.tenures))
 
     def restore(self, recall: _Recall) -> None:
         """Start from what an earlier queue on this key learnt: the holder seen, when it took over, its
         predecessor's tenure. The backoff starts afresh (the first look comes at ``poll``)."""
         self.holder, self.changed_at, self.tenure = recall.holder, recall.changed_at, recall.tenure
+        self.tenures.extend(recall.tenures)
 
     def head(self) -> _Waiter | None:
         with self.lock:
@@ -92,6 +109,25 @@ class _KeyWait:
             head = self.waiters[0] if self.waiters else None
         if was_head and head is not None:
             head.signal.set()
+
+    def heard(self, state: LockState, now: float, until: float, behind: float) -> bool:
+        """Fold in a holder announced elsewhere (:func:`inform`); look ``until`` + ``behind`` s from now.
+
+        Returns whether it was taken in: an announcement of an older lease than the one known says
+        nothing now (events may arrive late or out of order).
+        """
+        with self.lock:
+            known = self.holder.fencing_token if self.holder is not None else None
+            if known is not None and state.fencing_token is not None and state.fencing_token < known:
+                return False
+            self.seen_held(state, now)
+            self.renewing = False  # a new lease: its expiry is when it ends unless it renews
+            self.behind = behind
+            self.next_look_at = now + max(FLOOR, until + behind)
+            head = self.waiters[0] if self.waiters else None
+        if head is not None:
+            head.signal.set()  # it may be sleeping towards an earlier look
+        return True
 
     def seen_held(self, state: LockState, now: float) -> None:
         """Fold in a look (or a refusal) that found the lock held: renewing? changed hands?"""
@@ -214,3 +250,51 @@ def wake(key: str, *, api_url: str | None = None, credential_id: str | None = No
     if woken:
         logger.debug("woke %d waiting queue(s) for lock %r", woken, key)
     return woken
+
+
+def inform(
+    key: str,
+    holder: LockState,
+    *,
+    api_url: str | None = None,
+    credential_id: str | None = None,
+    behind: float = 0.0,
+) -> int:
+    """Tell every queue in this process waiting on ``key`` who holds it now, as announced elsewhere.
+
+    For waiters that are also woken by releases (:func:`wake`, :attr:`WaitPolicy.at_expiry`): their
+    next look is at the holder's ``expires_at`` plus the server's grace, when the lease ends if its
+    holder dies without releasing it, and not before. A line of short holds announced this way costs
+    no looks at all. Callable from any thread.
+
+    Args:
+        key: The lock key.
+        holder: The new holder's public facts (its ``expires_at`` is needed).
+        api_url: Only waiters of this API URL (``None``: any).
+        credential_id: Only waiters of this credential fingerprint (``None``: any).
+        behind: Seconds past that moment this process leaves to the first in a line of processes,
+            which will take the lock then and announce it (``0``: this process is first, or cannot tell).
+
+    Returns:
+        How many key queues took it in.
+
+    Raises:
+        InvalidRequest: ``holder`` has no ``expires_at``, or ``behind`` is negative or not finite.
+    """
+    if holder.expires_at is None or not holder.held:
+        raise InvalidRequest(f"inform needs a held lock's expires_at, got {holder!r}")
+    if not (math.isfinite(behind) and behind >= 0):
+        raise InvalidRequest(f"invalid behind {behind!r}: expected finite seconds >= 0")
+    until = until_ended(holder, now=datetime.now(UTC), draw=0.0)
+    assert until is not None
+    now = lease_clock()
+    told = sum(
+        1
+        for entry in SharedPolls.matching(key, api_url, credential_id)
+        if entry.heard(holder, now, until, behind)
+    )
+    if told:
+        logger.debug(
+            "told %d waiting queue(s) for lock %r of fencing token %s", told, key, holder.fencing_token
+        )
+    return told
