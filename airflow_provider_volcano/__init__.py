@@ -4,6 +4,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_volcano._stats import StatsSink
+from volcano_locks import __version__ as __version__
+from volcano_locks.integration import route_through
+
+# The lock metrics go through Airflow's Stats (and only there) in every Airflow process that loads the
+# provider (the worker's task, the triggerer, the scheduler), so [metrics] decides where they go, once
+# (airflow_provider_volcano._stats). The lock spans stay on the OpenTelemetry API, as Airflow's own do.
+route_through(StatsSink())
+
 __all__ = ["VolcanoHook", "VolcanoLockOperator", "VolcanoLockTrigger"]
 
 if TYPE_CHECKING:

@@ -8,6 +8,7 @@ missing in ``providers/volcano/docs/supported-versions.rst``:
 - ``AirflowFailException`` and ``AirflowSkipException`` moved to ``airflow.sdk.exceptions`` in 3.2
   (3.1: ``airflow.exceptions``, the same classes Airflow catches there).
 - ``airflow.sdk.bases.decorator.determine_kwargs`` is 3.2's (3.1: ``airflow.utils.operator_helpers``).
+- ``airflow.sdk.observability.stats`` is 3.3's (3.1, 3.2: ``airflow.stats.Stats``), see :func:`stats`.
 - ``airflow.sdk.log.amask_secret`` is 3.3's: on 3.1 and 3.2 a trigger masks the connection's keys with
   the synchronous ``mask_secret`` (every log line the trigger writes is masked; Airflow 3.2 also tells its
   supervisor through its greenback bridge, 3.1 cannot from inside the event loop and skips that part).
@@ -38,7 +39,17 @@ __all__ = [
     "amask_secret",
     "conf",
     "determine_kwargs",
+    "stats",
 ]
+
+
+def stats() -> Any:
+    """Airflow's metrics front (``incr``, ``gauge``, ``timing``): 3.3's ``airflow.sdk.observability.stats``,
+    else 3.1's and 3.2's ``airflow.stats.Stats`` (3.3 keeps that name only as a deprecated shim)."""
+    try:  # Airflow 3.3+
+        return importlib.import_module("airflow.sdk.observability.stats")
+    except ImportError:  # Airflow 3.1, 3.2
+        return importlib.import_module("airflow.stats").Stats
 
 
 def determine_kwargs(

@@ -8,114 +8,81 @@ for a state set through the UI or REST, not for a clear; nothing runs for a try 
 before the task code), so the waiters do the looking: the trigger writes a record at the handoff, an
 Airflow Variable ``volcano_lock_handoff:<lock key>`` (JSON: the lock key, the fencing token, the lease's
 expiry and the owner try's public identity, nonce included), and the resumed task deletes it once it
-holds the lease. A waiter that finds a record for the lock asks Airflow for the owner try's state and,
-if that try can no longer use the lease, releases exactly that lease: with the token derived from the
-record's identity and the service key, so the server refuses (409) the release of any other lease,
-whoever wrote the record (Variables are writable by users: a forged record can at most free a lease
-whose try is over). The same record tells the waiting lines which holder is a handoff.
+holds the lease. The record is sealed under the service key and bound to its lease (lock key,
+fencing token, owner, kind; :mod:`airflow_provider_volcano.records`): Variables are writable by users
+and by every task's code, and a record whose seal fails is ignored. A waiter that opens a record for
+the lock asks Airflow for the owner's state and, if the owner can no longer use the lease and Volcano's
+live fencing token is still the record's, releases exactly that lease: with the token derived from
+the record's identity and the key that sealed it, so the server refuses (409) the release of any
+other lease. The same record tells the waiting lines which holder is a handoff.
 
 A try can no longer use its handoff lease when Airflow says its task instance is ``failed``,
 ``success``, ``skipped``, ``upstream_failed``, ``removed``, ``up_for_retry`` or has no state (cleared),
 or, for the task instance's own next try, as soon as that try waits for the lock. A task instance
 Airflow does not report is treated as alive (safety over liveness).
+
+A lock group's lease outlives its acquire task by design, so a record of kind ``group`` is never
+decided on the acquire task's state: only when the group's DAG run is over (``success`` or
+``failed``) or its release task is in a terminal state can the group no longer use the lease.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
 
 from airflow_provider_volcano._tokens import TaskIdentity
+from airflow_provider_volcano.records.handoff import HandoffRecord
+from volcano_locks import LeaseRef
+from volcano_locks.integration import MAX_TTL
+
+if TYPE_CHECKING:
+    from volcano_locks import LockState
 
 __all__ = [
     "DEAD_STATES",
-    "HandoffRecord",
+    "GroupState",
     "TriggerHandoff",
-    "clear_record",
     "describe",
+    "live_is",
     "owner_state",
-    "read_record",
-    "record_key",
+    "shown_state",
+    "task_instance_state",
     "unusable_because",
-    "write_record",
 ]
 
 log = logging.getLogger(__name__)
 
-VARIABLE_PREFIX = "volcano_lock_handoff:"
 LOOK_EVERY = 5.0
 """Seconds between two looks of a waiter at its lock's handoff record (the bound waiters keep to)."""
 HANDOFF_GROWTH_CAP = 4
 """A lapsed handoff is retried with a longer allowance, at most this many times ``handoff_ttl``."""
 DEAD_STATES = frozenset({"failed", "success", "skipped", "upstream_failed", "removed", "up_for_retry", None})
 """Task instance states in which the try a handoff lease was acquired for will never run its body."""
+GROUP_OVER_RUN_STATES = frozenset({"success", "failed"})
+"""DAG run states in which a lock group's tasks no longer run."""
+RELEASE_OVER_STATES = frozenset({"success", "failed", "skipped", "upstream_failed", "removed"})
+"""Release-task states after which a lock group no longer uses its lease."""
 _NOT_REPORTED = object()
 
 
-def record_key(lock_key: str) -> str:
-    """The Variable that holds the handoff record of ``lock_key``."""
-    return VARIABLE_PREFIX + lock_key
-
-
 @dataclass(frozen=True)
-class HandoffRecord:
-    """A lease a trigger acquired for a task try that has not resumed yet (all public facts).
+class GroupState:
+    """What Airflow says of a lock group's run: the DAG run's state and its release task's state.
 
-    :param lock_key: the lock.
-    :param fencing_token: the lease's fencing token.
-    :param expires_at: the lease's expiry (the handoff allowance from the acquisition).
-    :param owner: the task try the lease is for, nonce included.
+    Either is the module's ``_NOT_REPORTED`` when Airflow did not report it.
     """
 
-    lock_key: str
-    fencing_token: int
-    expires_at: datetime | None
-    owner: TaskIdentity
-
-    def to_json(self) -> str:
-        """The record as the Variable's value."""
-        return json.dumps(
-            {
-                "lock_key": self.lock_key,
-                "fencing_token": self.fencing_token,
-                "expires_at": self.expires_at.isoformat() if self.expires_at is not None else None,
-                "owner": self.owner.as_dict(),
-            },
-            sort_keys=True,
-        )
-
-    @classmethod
-    def parse(cls, lock_key: str, text: object) -> HandoffRecord | None:
-        """Read a Variable's value; ``None`` for anything that is not a record of ``lock_key``."""
-        try:
-            data = json.loads(text) if isinstance(text, str) else None
-            if not isinstance(data, Mapping) or data.get("lock_key") != lock_key:
-                return None
-            fencing = data["fencing_token"]
-            if not isinstance(fencing, int) or isinstance(fencing, bool):
-                return None
-            expires = data.get("expires_at")
-            return cls(
-                lock_key=lock_key,
-                fencing_token=fencing,
-                expires_at=datetime.fromisoformat(expires) if isinstance(expires, str) else None,
-                owner=TaskIdentity.from_dict(data["owner"]),
-            )
-        except (KeyError, TypeError, ValueError):
-            return None
-
-    def names(self) -> str:
-        """The owner try, as the task log names it."""
-        owner = self.owner
-        mapped = f", map index {owner.map_index}" if owner.map_index >= 0 else ""
-        return f"{owner.dag_id}.{owner.task_id} (run {owner.run_id!r}{mapped}, try {owner.try_number})"
+    run: object
+    release: object
 
 
 def _same_task_instance(a: TaskIdentity, b: TaskIdentity) -> bool:
@@ -123,122 +90,121 @@ def _same_task_instance(a: TaskIdentity, b: TaskIdentity) -> bool:
 
 
 def unusable_because(record: HandoffRecord, state: object, waiter: TaskIdentity | None) -> str | None:
-    """Why the try ``record`` was acquired for can no longer use its lease, or ``None`` if it may.
+    """Why the owner ``record`` names can no longer use its lease, or ``None`` if it may.
 
-    :param record: the handoff record.
-    :param state: the owner task instance's state as Airflow reports it (:func:`owner_state`; the
-        module's ``_NOT_REPORTED`` when Airflow did not report it).
+    :param record: the handoff record (opened: its seal verified).
+    :param state: what Airflow reports of the owner (:func:`owner_state`): the task instance's state,
+        or a :class:`GroupState` for a group's lease; the module's ``_NOT_REPORTED`` when not reported.
     :param waiter: the try that is waiting (its own later try makes an earlier one's lease useless).
     """
+    if record.kind == "group":
+        # Never the acquire task's state nor its later try: the lease is the group's, not that try's.
+        if not isinstance(state, GroupState):
+            return None
+        if state.run in GROUP_OVER_RUN_STATES:
+            return f"its lock group's DAG run is {state.run}"
+        if state.release in RELEASE_OVER_STATES:
+            return f"its lock group's release task {record.release_task_id!r} is {state.release}"
+        return None
     owner = record.owner
     if waiter is not None and _same_task_instance(owner, waiter) and waiter.try_number > owner.try_number:
         return f"its task instance is on try {waiter.try_number} now"
-    if state is _NOT_REPORTED:
+    if state is _NOT_REPORTED or isinstance(state, GroupState):
         return None
     if state in DEAD_STATES:
         return "its task instance was cleared" if state is None else f"its task instance is {state}"
     return None
 
 
-def owner_state(owner: TaskIdentity) -> object:
-    """The owner task instance's state from Airflow (Task SDK), or ``_NOT_REPORTED``."""
-    from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+def live_is(record: HandoffRecord, live: LockState | None) -> bool:
+    """Whether Volcano's live answer still shows the record's lease (checked before any release)."""
+    return live is not None and live.held and live.fencing_token == record.fencing_token
+
+
+class TaskInstanceNamed(Protocol):
+    """Whatever names a task instance: a :class:`TaskIdentity`, a holder record (issue 28's watch)."""
+
+    @property
+    def dag_id(self) -> str: ...
+    @property
+    def task_id(self) -> str: ...
+    @property
+    def run_id(self) -> str: ...
+    @property
+    def map_index(self) -> int: ...
+
+
+def _task_states(owner: TaskInstanceNamed, task_ids: list[str]) -> Mapping[str, object] | None:
 
     try:
         states = RuntimeTaskInstance.get_task_states(
-            dag_id=owner.dag_id, task_ids=[owner.task_id], run_ids=[owner.run_id]
+            dag_id=owner.dag_id, task_ids=task_ids, run_ids=[owner.run_id]
         )
     except Exception as exc:  # no supervisor to ask (outside a task or trigger), API errors
-        log.debug("could not read the state of %s.%s: %s", owner.dag_id, owner.task_id, exc)
-        return _NOT_REPORTED
+        log.debug("could not read task states of %s: %s", owner.dag_id, exc)
+        return None
     run = states.get(owner.run_id) if isinstance(states, Mapping) else None
-    if not isinstance(run, Mapping):
+    return run if isinstance(run, Mapping) else None
+
+
+def _group_state(record: HandoffRecord) -> GroupState:
+
+    owner = record.owner
+    try:
+        run: object = RuntimeTaskInstance.get_dagrun_state(dag_id=owner.dag_id, run_id=owner.run_id)
+    except Exception as exc:
+        log.debug("could not read the state of run %r of %s: %s", owner.run_id, owner.dag_id, exc)
+        run = _NOT_REPORTED
+    release: object = _NOT_REPORTED
+    if record.release_task_id is not None:
+        states = _task_states(owner, [record.release_task_id])
+        if states is not None:
+            name = record.release_task_id
+            release = states.get(name if owner.map_index < 0 else f"{name}_{owner.map_index}", _NOT_REPORTED)
+    return GroupState(str(getattr(run, "value", run)) if run is not _NOT_REPORTED else run, release)
+
+
+def owner_state(record: HandoffRecord) -> object:
+    """What Airflow (Task SDK) says of the record's owner: its task instance's state (``task``), a
+    :class:`GroupState` (``group``), or ``_NOT_REPORTED``."""
+    if record.kind == "group":
+        return _group_state(record)
+    return task_instance_state(record.owner)
+
+
+def task_instance_state(owner: TaskInstanceNamed) -> object:
+    """A task instance's state from Airflow (Task SDK), or ``_NOT_REPORTED``."""
+    run = _task_states(owner, [owner.task_id])
+    if run is None:
         return _NOT_REPORTED
     name = owner.task_id if owner.map_index < 0 else f"{owner.task_id}_{owner.map_index}"
     return run.get(name, _NOT_REPORTED)
 
 
-def read_record(lock_key: str) -> HandoffRecord | None:
-    """The handoff record of ``lock_key``, if this deployment has one (best effort)."""
-    from airflow.sdk import Variable
-
-    try:
-        text = Variable.get(record_key(lock_key), default=None)
-    except Exception as exc:
-        log.debug("could not read the handoff record of lock %r: %s", lock_key, exc)
-        return None
-    return HandoffRecord.parse(lock_key, text)
-
-
-def write_record(record: HandoffRecord, logger: logging.Logger | Any = log) -> bool:
-    """Write the handoff record (best effort: without it a stranded handoff lasts its allowance)."""
-    from airflow.sdk import Variable
-
-    try:
-        Variable.set(
-            record_key(record.lock_key),
-            record.to_json(),
-            description="volcano-locks: a lease acquired for a task that has not resumed yet",
-        )
-    except Exception as exc:
-        logger.warning(
-            "Could not record the handoff of lock %r (%s); if the task never resumes, waiters wait "
-            "for the lease's expiry",
-            record.lock_key,
-            exc,
-        )
-        return False
-    return True
-
-
-def clear_record(
-    lock_key: str,
-    fencing_token: int | None,
-    logger: logging.Logger | Any = log,
-    *,
-    owner: TaskIdentity | None = None,
-) -> None:
-    """Delete the handoff record of ``lock_key`` if it names ``fencing_token`` or ``owner`` (best effort).
-
-    The resumed task passes itself as ``owner`` too: after a lapsed handoff it holds a newer lease than
-    the record names, and the record must not outlive its resume.
-    """
-    from airflow.sdk import Variable
-
-    record = read_record(lock_key)
-    if record is None or (record.fencing_token != fencing_token and record.owner != owner):
-        return
-    try:
-        Variable.delete(record_key(lock_key))
-    except Exception as exc:
-        logger.warning("Could not delete the handoff record of lock %r: %s", lock_key, exc)
+def shown_state(state: object) -> str:
+    """A task instance state as a line shows it (``None``: cleared; not a string: not reported)."""
+    if state is None:
+        return "none (cleared)"
+    return state if isinstance(state, str) else "not reported"
 
 
 def describe(record: HandoffRecord | None, fencing_token: int | None, state: object) -> str:
     """What the waiting lines say of the holder beyond its fencing token and expiry."""
     if record is None or fencing_token is None or record.fencing_token != fencing_token:
-        return "not a handoff (a running holder, or one outside this deployment)"
-    shown = "not reported" if state is _NOT_REPORTED else ("none (cleared)" if state is None else state)
-    return f"a handoff to {record.names()}, which has not resumed yet (task state: {shown})"
+        return "not a handoff this deployment recorded (a running holder, or one outside this deployment)"
+    if isinstance(state, GroupState):
+        run, release = (("not reported" if s is _NOT_REPORTED else s) for s in (state.run, state.release))
+        return (
+            f"a lock group's lease, acquired for {record.names()} (group run: {run}, release task: {release})"
+        )
+    if state == "running":  # resumed, and about to take its record down: never "not resumed yet"
+        return f"a handoff to {record.names()}, which has resumed (task state: running) and holds it now"
+    return f"a handoff to {record.names()}, which has not resumed yet (task state: {shown_state(state)})"
 
 
-def lease_of(record: HandoffRecord, token: str) -> Any:
-    """A lease object for releasing the record's lease with ``token`` (release sends only the token)."""
-    from datetime import UTC
-
-    from volcano_locks import LockLease
-
-    expires = record.expires_at or datetime.now(UTC)
-    return LockLease(
-        key=record.lock_key,
-        token=token,
-        expires_at=expires,
-        fencing_token=record.fencing_token,
-        ttl=5,
-        acquired_at=expires,
-        local_deadline=0.0,
-        absolute_deadline=0.0,
-    )
+def lease_of(record: HandoffRecord, token: str) -> LeaseRef:
+    """A reference to the record's lease for releasing it with ``token`` (release sends only the token)."""
+    return LeaseRef(record.lock_key, token, record.fencing_token)
 
 
 def released_line(record: HandoffRecord, reason: str) -> str:
@@ -256,6 +222,8 @@ class TriggerHandoff:
     fencing_token: int | None
     acquired_at: datetime | None
     allowance: int
+    key_id: str | None = None
+    """The fingerprint of the service key the trigger derived the token with (``None``: not said)."""
 
     @classmethod
     def from_event(cls, event: Mapping[str, Any], default_allowance: int) -> TriggerHandoff:
@@ -270,6 +238,7 @@ class TriggerHandoff:
             fencing_token=fencing if isinstance(fencing, int) and not isinstance(fencing, bool) else None,
             acquired_at=acquired_at,
             allowance=allowance if isinstance(allowance, int) and allowance > 0 else default_allowance,
+            key_id=event["key_id"] if isinstance(event.get("key_id"), str) else None,
         )
 
     def delay(self) -> float | None:
@@ -289,7 +258,6 @@ class TriggerHandoff:
         Resume delays recur, so after a lapse the next trigger acquires for longer, never more than
         ``HANDOFF_GROWTH_CAP`` times ``handoff_ttl`` nor the contract's longest TTL.
         """
-        from volcano_locks.protocol import MAX_TTL
 
         delay = self.delay()
         if delay is None:

@@ -55,12 +55,6 @@ def get_provider_info() -> dict[str, Any]:
                 ],
             },
         ],
-        "plugins": [
-            {
-                "name": "volcano_locks",
-                "plugin-class": "airflow_provider_volcano.plugins.VolcanoLocksPlugin",
-            },
-        ],
         "task-decorators": [
             {
                 "name": "volcano_lock",
@@ -122,6 +116,17 @@ def get_provider_info() -> dict[str, Any]:
                             ],
                             "minimum": 1,
                             "maximum": 600,
+                        },
+                    },
+                    "previous_service_keys": {
+                        "label": "Previous service keys",
+                        "description": "During a service key rotation, the keys this connection held before, separated by commas or spaces (in the Extra JSON, a list): records sealed under them stay trusted and leases acquired under them keep their tokens. Remove them once no task, trigger or lock group of the old key is left.",
+                        "schema": {
+                            "type": [
+                                "string",
+                                "null",
+                            ],
+                            "format": "password",
                         },
                     },
                 },

@@ -11,11 +11,25 @@ from urllib.parse import urlsplit
 
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowException
+from airflow.sdk.log import mask_secret
+
+from airflow_provider_volcano._compat import amask_secret
+from airflow_provider_volcano._tokens import derive_token
+from airflow_provider_volcano.records.seal import Keyring
+from volcano_locks import (
+    AsyncVolcanoLocks,
+    AuthError,
+    InvalidRequest,
+    ProtocolError,
+    TransportError,
+    VolcanoError,
+    VolcanoLocks,
+)
+from volcano_locks.integration import validate_wait_budget
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
-
     from airflow_provider_volcano._tokens import TaskIdentity
+    from airflow_provider_volcano.records.seal import SealKey
     from volcano_locks import AsyncVolcanoLocks, VolcanoLocks
 
 __all__ = ["VolcanoConnectionConfig", "VolcanoConnectionError", "VolcanoHook", "parse_connection"]
@@ -40,6 +54,8 @@ class VolcanoConnectionConfig:
     :param timeout: the request timeout in seconds.
     :param wait_budget: lock requests a minute one process may spend waiting (``None``: the core's
         default, ``VOLCANO_WAIT_BUDGET`` or 120).
+    :param previous_service_keys: service keys whose seals are still honoured during a rotation
+        (never in repr); tokens of leases sealed under one are derived with it.
     """
 
     api_url: str
@@ -47,6 +63,7 @@ class VolcanoConnectionConfig:
     anon_key: str | None = field(default=None, repr=False)
     timeout: float = DEFAULT_TIMEOUT
     wait_budget: int | None = None
+    previous_service_keys: tuple[str, ...] = field(default=(), repr=False)
 
 
 def _extra_dict(conn_id: str, extra: str | dict[str, Any] | None) -> dict[str, Any]:
@@ -135,13 +152,44 @@ def _timeout(conn_id: str, raw: Any) -> float:
 def _wait_budget(conn_id: str, raw: Any) -> int | None:
     if raw is None or raw == "":
         return None
-    from volcano_locks import InvalidRequest
-    from volcano_locks.governor import validate_wait_budget
 
     try:
         return validate_wait_budget(raw, source="Waiting budget")
     except InvalidRequest as exc:
         raise VolcanoConnectionError(f"Volcano connection {conn_id!r}: {exc}") from None
+
+
+def _previous_keys(conn_id: str, raw: Any) -> tuple[str, ...]:
+    """The ``previous_service_keys`` extra: a JSON list of keys, or keys separated by commas or spaces.
+
+    Errors name the position and the type found, never a key.
+    """
+    if raw is None or raw == "" or raw == []:
+        return ()
+    if isinstance(raw, str):
+        text = raw.strip()
+        if text.startswith("["):
+            try:
+                raw = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise VolcanoConnectionError(
+                    f"Volcano connection {conn_id!r}: previous_service_keys is not a valid JSON list "
+                    f"({exc.msg} at {exc.pos})"
+                ) from None
+        else:
+            raw = [part for part in text.replace(",", " ").split() if part]
+    if not isinstance(raw, list):
+        raise VolcanoConnectionError(
+            f"Volcano connection {conn_id!r}: previous_service_keys must be a list of service keys, "
+            f"got {type(raw).__name__}"
+        )
+    for index, key in enumerate(raw):
+        if not isinstance(key, str) or not key.strip():
+            raise VolcanoConnectionError(
+                f"Volcano connection {conn_id!r}: previous_service_keys[{index}] must be a non-empty "
+                f"string (a service key), got {type(key).__name__}"
+            )
+    return tuple(dict.fromkeys(key.strip() for key in raw))
 
 
 def parse_connection(conn: Any) -> VolcanoConnectionConfig:
@@ -168,6 +216,7 @@ def parse_connection(conn: Any) -> VolcanoConnectionConfig:
         anon_key=anon_key,
         timeout=_timeout(conn_id, _extra_value(extra, "timeout")),
         wait_budget=_wait_budget(conn_id, _extra_value(extra, "wait_budget")),
+        previous_service_keys=_previous_keys(conn_id, _extra_value(extra, "previous_service_keys")),
     )
 
 
@@ -176,8 +225,9 @@ class VolcanoHook(BaseHook):
 
     The form's API URL is the connection's ``host``, its Service key the ``password``, its Port the
     optional ``port`` (only needed by Airflow 3.3.2's Test icon, apache/airflow#73298) and, in Extra,
-    ``anon_key`` (secret), ``timeout`` (seconds) and ``wait_budget`` (lock requests a minute one
-    process may spend waiting). Both keys are masked in task logs.
+    ``anon_key`` (secret), ``timeout`` (seconds), ``wait_budget`` (lock requests a minute one
+    process may spend waiting) and ``previous_service_keys`` (secret: the keys still honoured for
+    records sealed before a rotation). Every key is masked in task logs.
 
     :param volcano_conn_id: the connection id (default ``volcano_default``).
     :param timeout: overrides the connection's request timeout, in seconds.
@@ -205,48 +255,40 @@ class VolcanoHook(BaseHook):
         """The parsed connection (fetched and parsed once; keys masked in logs)."""
         if self._config is not None:
             return self._config
-        from airflow.sdk.log import mask_secret
 
         config = parse_connection(self.get_connection(self.volcano_conn_id))
-        mask_secret(config.service_key)
-        if config.anon_key:
-            mask_secret(config.anon_key)
+        for secret in (config.service_key, config.anon_key, *config.previous_service_keys):
+            if secret:
+                mask_secret(secret)
         return self._finish(config)
 
     async def aget_config(self) -> VolcanoConnectionConfig:
         """Fetch and parse the connection without blocking the event loop (for triggers)."""
         if self._config is not None:
             return self._config
-        from airflow_provider_volcano._compat import amask_secret
 
         config = parse_connection(await self.aget_connection(self.volcano_conn_id))
-        await amask_secret(config.service_key)
-        if config.anon_key:
-            await amask_secret(config.anon_key)
+        for secret in (config.service_key, config.anon_key, *config.previous_service_keys):
+            if secret:
+                await amask_secret(secret)
         return self._finish(config)
 
-    # The service key keys every ownership token and group seal: read for them here, and only here.
+    # The service key keys every ownership token and record seal: read for them here, and only here.
 
-    def ownership_token(self, owner: TaskIdentity, lock_key: str) -> str:
-        """The ownership token of the task try ``owner`` for ``lock_key`` (see ``_tokens.derive_token``)."""
-        from airflow_provider_volcano._tokens import derive_token
+    @property
+    def keyring(self) -> Keyring:
+        """The keys records are sealed under and opened with (the service key, then previous ones)."""
+        c = self.config
+        return Keyring.of(c.service_key, c.previous_service_keys)
 
-        return derive_token(self.config.service_key, owner, lock_key)
+    def ownership_token(self, owner: TaskIdentity, lock_key: str, key: SealKey | None = None) -> str:
+        """The ownership token of the task try ``owner`` for ``lock_key`` (see ``_tokens.derive_token``).
 
-    def seal_group(self, group: Mapping[str, object]) -> str:
-        """The MAC over a lock group's lease facts and owner (see ``_tokens.seal_group``)."""
-        from airflow_provider_volcano._tokens import seal_group
-
-        return seal_group(self.config.service_key, group)
-
-    def group_owner(self, group: Mapping[str, object], **run: Any) -> TaskIdentity:
-        """The owner of a lock group's XCom once its seal and run are checked (``_tokens.verify_group``).
-
-        :raises ForgedGroup: naming what did not match.
+        :param key: the key to derive it with: the one that sealed the record naming ``owner``
+            (``Opened.key`` in ``airflow_provider_volcano.records``), so a lease acquired before a
+            rotation keeps its token; default the current service key.
         """
-        from airflow_provider_volcano._tokens import verify_group
-
-        return verify_group(self.config.service_key, group, **run)
+        return derive_token(self.config.service_key if key is None else key.secret, owner, lock_key)
 
     def get_conn(self) -> VolcanoLocks:
         """Return a new sync client (same as :meth:`get_client`)."""
@@ -254,8 +296,6 @@ class VolcanoHook(BaseHook):
 
     def get_client(self) -> VolcanoLocks:
         """Return a new sync core client (:class:`volcano_locks.VolcanoLocks`); close it after use."""
-        from volcano_locks import VolcanoLocks
-
         c = self.config
         return VolcanoLocks(
             c.api_url, c.anon_key, c.service_key, timeout=c.timeout, wait_budget=c.wait_budget
@@ -263,8 +303,6 @@ class VolcanoHook(BaseHook):
 
     def get_async_client(self) -> AsyncVolcanoLocks:
         """Return a new async core client; in async code call :meth:`aget_config` first."""
-        from volcano_locks import AsyncVolcanoLocks
-
         c = self.config
         return AsyncVolcanoLocks(
             c.api_url, c.anon_key, c.service_key, timeout=c.timeout, wait_budget=c.wait_budget
@@ -279,7 +317,6 @@ class VolcanoHook(BaseHook):
             config = self.config
         except VolcanoConnectionError as exc:
             return False, str(exc)
-        from volcano_locks import AuthError, ProtocolError, TransportError, VolcanoError
 
         try:
             with self.get_client() as client:

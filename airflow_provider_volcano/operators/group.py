@@ -18,23 +18,30 @@ not a member (it cannot renew).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
 from airflow_provider_volcano._compat import conf
-from airflow_provider_volcano._group_lease import GROUP_XCOM_KEY, group_token, pull_group
 from airflow_provider_volcano.exceptions import VolcanoLockLost
 from airflow_provider_volcano.operators.lock import DEFAULT_HANDOFF_TTL, VolcanoLockOperator
+from airflow_provider_volcano.records.group import (
+    GROUP_XCOM_KEY,
+    GroupLease,
+    group_token,
+    pull_group,
+    seal_group,
+)
+from volcano_locks import ConflictError, LeaseRef, VolcanoError
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
     from airflow.sdk.definitions.xcom_arg import XComArg
 
-    from volcano_locks.client import VolcanoLocks
-    from volcano_locks.models import LockLease
+    from airflow_provider_volcano.runtime.hold import TaskHold
+    from volcano_locks import LockLease
 
 __all__ = [
     "GROUP_XCOM_KEY",
@@ -58,28 +65,44 @@ class VolcanoLockGroupAcquireOperator(VolcanoLockOperator):
     :param lock_key: the lock to hold across the group (templated).
     :param ttl: the group's lease TTL in seconds: it must cover the longest gap between two tasks
         of the group, and every task of the group that is not a member (default 300).
+    :param release_task_id: the group's release task (set by :class:`VolcanoLockGroup`): a waiter that
+        finds this task's handoff record frees the group's lease only once that task has ended or the
+        group's DAG run is over, never because this task ended.
     """
 
-    def __init__(self, *, lock_key: str, ttl: int = 300, **kwargs: Any) -> None:
+    def __init__(
+        self, *, lock_key: str, ttl: int = 300, release_task_id: str | None = None, **kwargs: Any
+    ) -> None:
         kwargs.setdefault("python_callable", _nothing)
         super().__init__(lock_key=lock_key, ttl=ttl, **kwargs)
+        self.release_task_id = release_task_id
 
-    def _hold(self, client: VolcanoLocks, context: Context, lease: LockLease, nonce: str) -> Any:
-        """Leave the lease held for the group: push its sealed facts and owner to XCom, release nothing."""
-        from airflow_provider_volcano._tokens import TaskIdentity
+    def _lease_kind(self) -> tuple[str, str | None]:
+        """The lease is the group's: a waiter decides on its run and release task, never on this task."""
+        return "group", self.release_task_id
 
+    def _hold_for(self, context: Context) -> TaskHold:
+        """A hold that leaves the lease held for the group, its body pushing the group's sealed facts."""
+        from airflow_provider_volcano.runtime import hold as run_time
+
+        hold = run_time.TaskHold(
+            self, context, leaves_held=True, body=lambda facts: self._leave_held(hold, facts)
+        )
+        return hold
+
+    def _leave_held(self, hold: TaskHold, lease: LockLease) -> dict[str, str | int]:
+        """Push the lease's sealed facts and owner to XCom for the group's tasks; release nothing."""
+        assert hold.owner is not None
         facts = lease.public_dict()
-        owner = TaskIdentity.from_task_instance(context["ti"], nonce).as_dict()  # public without the key
-        group = {**facts, "ttl": self.ttl, "owner": owner}
-        group["seal"] = self.hook.seal_group(group)  # a MAC, not a secret
-        context["ti"].xcom_push(key=GROUP_XCOM_KEY, value=group)
+        group = GroupLease(lease.facts(), hold.owner)  # public without the key
+        hold.context["ti"].xcom_push(key=GROUP_XCOM_KEY, value=seal_group(self.hook.keyring, group))
         self.log.info(
             "Holding lock %r for the group (fencing token %s, ttl %s s, owner %s); its member tasks "
             "renew it while they run and the group's release task releases it",
             self.lock_key,
             lease.fencing_token,
             self.ttl,
-            nonce,
+            hold.owner.nonce,
         )
         return facts
 
@@ -107,28 +130,18 @@ class VolcanoLockGroupReleaseOperator(BaseOperator):
 
     def execute(self, context: Context) -> None:
         """Release the group's lease (nothing to do if the group never acquired it)."""
-        from airflow_provider_volcano.hooks.volcano import VolcanoHook
-        from volcano_locks import ConflictError, LockLease, VolcanoError
+        from airflow_provider_volcano.hooks.volcano import VolcanoHook  # the client's modules: at run time
 
-        group = pull_group(context, self.acquire_task_id)
-        if group is None:
+        value = pull_group(context, self.acquire_task_id)
+        if value is None:
             self.log.info(
                 "The group's acquire task %r holds no lease; nothing to release", self.acquire_task_id
             )
             return
         hook = VolcanoHook(self.volcano_conn_id)
-        key = str(group["lock_key"])
-        # Release sends only the ownership token; the other fields describe the lease as acquired.
-        lease = LockLease(
-            key=key,
-            token=group_token(hook, group, context, self.acquire_task_id),
-            expires_at=datetime.fromisoformat(group["expires_at"]),
-            fencing_token=int(group["fencing_token"]),
-            ttl=int(group["ttl"]),
-            acquired_at=datetime.fromisoformat(group["acquired_at"]),
-            local_deadline=0.0,
-            absolute_deadline=0.0,
-        )
+        group, token = group_token(hook, value, context, self.acquire_task_id, self.log)
+        key, ttl = group.lock_key, group.lease.ttl
+        lease = LeaseRef(key, token, group.lease.fencing_token)
         with hook.get_client() as client:
             try:
                 client.release(key, lease)
@@ -144,7 +157,7 @@ class VolcanoLockGroupReleaseOperator(BaseOperator):
             except VolcanoError as exc:
                 raise VolcanoLockLost(
                     f"Could not release the group's lock {key!r} (fencing token {lease.fencing_token}): "
-                    f"{exc}; it lapses at its TTL ({lease.ttl} s after the last renewal)"
+                    f"{exc}; it lapses at its TTL ({ttl} s after the last renewal)"
                 ) from None
         self.log.info("Released lock %r (fencing token %s) for the group", key, lease.fencing_token)
 
@@ -200,6 +213,7 @@ class VolcanoLockGroup:
             poll_interval=poll_interval,
             handoff_ttl=handoff_ttl,
             volcano_conn_id=volcano_conn_id,
+            release_task_id=f"{task_id}_release",
         )
         self.release = VolcanoLockGroupReleaseOperator(
             task_id=f"{task_id}_release",

@@ -1,41 +1,35 @@
 """VolcanoLockOperator: runs a callable while holding a Volcano project lock.
 
-The operator holds behaviour only: ``execute`` acquires through the core (the first try never waits,
-see :mod:`airflow_provider_volcano._acquiring`; a wait in the worker slot is
-:mod:`airflow_provider_volcano._slot_wait`) or defers to
-:class:`~airflow_provider_volcano.triggers.lock.VolcanoLockTrigger`, and ``execute_complete`` resumes
-with the lease the trigger acquired. The body runs under the lease kept by the core
-(:func:`volcano_locks.keeping.keep`); a group member runs under its group's lease
-(:mod:`airflow_provider_volcano._member`). Nothing of the core, the hook or httpx is imported here
-until a task runs: parsing a DAG stays cheap.
+The operator is a face: it checks its arguments where they are written, and every decision of a
+locked task's life (the first answer, a wait in the worker slot or a deferral to
+:class:`~airflow_provider_volcano.triggers.lock.VolcanoLockTrigger`, keeping the lease with interrupt,
+the body, the release, a loss) is its :class:`~airflow_provider_volcano.runtime.hold.TaskHold`'s; a group
+member holds its group's lease through one too (:mod:`airflow_provider_volcano.runtime.member`). The
+run-time modules are imported when a task runs (two imports below), never when a DAG is parsed.
 """
 
 from __future__ import annotations
 
-import contextlib
-import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import timedelta
-from functools import cached_property, partial
-from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowException
 
-from airflow_provider_volcano._body import LEASE_KWARG, LEASE_XCOM_KEY
-from airflow_provider_volcano._compat import AirflowFailException, AirflowSkipException, conf
+from airflow_provider_volcano._compat import conf
+from airflow_provider_volcano._once import check_once
 from airflow_provider_volcano.exceptions import VolcanoLockContended, VolcanoLockLost
+from airflow_provider_volcano.runtime.body import LEASE_KWARG, LEASE_XCOM_KEY
+from volcano_locks import validate_key, validate_ttl, validate_wait_timeout
+from volcano_locks.integration import validate_poll
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-    from airflow_provider_volcano._handoff import TriggerHandoff
-    from airflow_provider_volcano._tokens import TaskIdentity
     from airflow_provider_volcano.hooks.volcano import VolcanoHook
-    from volcano_locks.client import VolcanoLocks
-    from volcano_locks.guard import LockGuard
-    from volcano_locks.models import LockLease
+    from airflow_provider_volcano.runtime.hold import TaskHold
 
 __all__ = [
     "DEFAULT_HANDOFF_TTL",
@@ -68,6 +62,13 @@ class VolcanoLockOperator(BaseOperator):
     :param op_kwargs: keyword arguments for the callable (templated).
     :param ttl: the lease TTL in seconds (5 to 7,776,000); it bounds how long a crashed worker
         keeps the lock.
+    :param once_key: run once per business key (templated, e.g. ``"rollup:{{ ds }}"``), recorded in
+        ``ledger``: once the lock is held the key is looked up; a key already done (by any run, DAG or
+        Prefect flow using the same ledger) skips the task (AirflowSkipException naming the first run)
+        and pushes the first run's recorded result as its ``return_value`` XCom. Otherwise the callable
+        does its effect through its ``volcano_once`` parameter (``with volcano_once.begin() as effect``).
+    :param ledger: the run-once ledger of ``once_key`` (``volcano_locks.once.SQLLedger`` or
+        ``S3Ledger``), or a callable that builds it on the worker.
     :param on_contention: ``wait`` (default), ``skip`` (AirflowSkipException naming the holder's
         fencing token) or ``fail``. Where ``wait`` waits follows ``deferrable``. ``skip`` and
         ``fail`` decide on real contention only: an unreachable API (no response, 503, 429) is
@@ -90,9 +91,9 @@ class VolcanoLockOperator(BaseOperator):
     :param volcano_conn_id: the Volcano connection id.
     """
 
-    template_fields: Sequence[str] = ("lock_key", "op_args", "op_kwargs")
+    template_fields: Sequence[str] = ("lock_key", "once_key", "op_args", "op_kwargs")
     template_fields_renderers: ClassVar[dict[str, str]] = {"op_args": "py", "op_kwargs": "py"}
-    shallow_copy_attrs: Sequence[str] = ("python_callable",)
+    shallow_copy_attrs: Sequence[str] = ("python_callable", "ledger")
     ui_color = "#f2c6b4"
 
     def __init__(
@@ -110,11 +111,10 @@ class VolcanoLockOperator(BaseOperator):
         handoff_ttl: int = DEFAULT_HANDOFF_TTL,
         lock_group: Any = None,
         volcano_conn_id: str = "volcano_default",
+        once_key: str | None = None,
+        ledger: Any = None,
         **kwargs: Any,
     ) -> None:
-        # The core's rules, each in one place; imported here, not at module level (DAG parsing).
-        from volcano_locks.protocol import validate_key, validate_poll, validate_ttl, validate_wait_timeout
-
         super().__init__(**kwargs)
         if not callable(python_callable):
             raise TypeError(f"python_callable must be callable, got {python_callable!r}")
@@ -133,6 +133,9 @@ class VolcanoLockOperator(BaseOperator):
         if on_contention not in ON_CONTENTION:
             raise ValueError(f"on_contention must be one of {ON_CONTENTION}, got {on_contention!r}")
         validate_poll(poll_interval, name="poll_interval")
+        check_once(once_key, ledger)
+        self.once_key = once_key
+        self.ledger = ledger
         self.lock_key = lock_key
         self.python_callable = python_callable
         self.op_args: Collection[Any] = list(op_args or [])
@@ -144,9 +147,7 @@ class VolcanoLockOperator(BaseOperator):
         self.deferrable = bool(deferrable)
         self.poll_interval = float(poll_interval)
         self.volcano_conn_id = volcano_conn_id
-        self._active: LockGuard | None = None  # the guard of the running body, for on_kill
-        self._body_thread: int | None = None
-        self._killed = False
+        self._task_hold: TaskHold | None = None  # the running try's hold, for on_kill
 
     @cached_property
     def hook(self) -> VolcanoHook:
@@ -155,26 +156,14 @@ class VolcanoLockOperator(BaseOperator):
 
         return VolcanoHook(self.volcano_conn_id)
 
-    # -- execution -------------------------------------------------------------------------------
+    # -- execution: a face over the task's hold ---------------------------------------------------
 
     def execute(self, context: Context) -> Any:
         """Acquire the lock (or wait, skip, fail per ``on_contention``) and run the callable."""
+        hold = self._task_hold = self._hold_for(context)
         if self.lock_group_task_id is not None:
-            from airflow_provider_volcano._member import run_member
-
-            return run_member(
-                context,
-                hook=self.hook,
-                acquire_task_id=self.lock_group_task_id,
-                body=partial(self._call, context),
-                log=self.log,
-                poll=self.poll_interval,
-            )
-        from airflow_provider_volcano._tokens import new_nonce
-
-        deadline = None if self.wait_timeout is None else time.time() + self.wait_timeout
-        # This try's owner nonce: drawn once, carried to the trigger and the resumed execution.
-        return self._run_locked(context, deadline, new_nonce())
+            return hold.run_member(self.lock_group_task_id, self.poll_interval)
+        return hold.acquire_and_run(None if self.wait_timeout is None else time.time() + self.wait_timeout)
 
     def execute_complete(
         self,
@@ -184,282 +173,26 @@ class VolcanoLockOperator(BaseOperator):
         nonce: str | None = None,
     ) -> Any:
         """Resume after :class:`VolcanoLockTrigger` fired: run if acquired, else fail with its reason."""
-        status = event.get("status")
-        message = event.get("message") or ""
-        if deadline is None and isinstance(event.get("deadline"), int | float):
-            deadline = float(event["deadline"])
-        # Echoed by the trigger too, where the deferral's method kwargs are not carried over (dag.test()).
-        nonce = nonce or event.get("nonce")
-        if status == "acquired":
-            from airflow_provider_volcano._handoff import TriggerHandoff
+        self._task_hold = self._hold_for(context)
+        return self._task_hold.resume(event, deadline, nonce)
 
-            handoff = TriggerHandoff.from_event(event, self.handoff_ttl)
-            self.log.info(
-                "Trigger acquired lock %r (fencing token %s) %s before this resume (handoff "
-                "allowance %s s); resuming",
-                self.lock_key,
-                event.get("fencing_token"),
-                handoff.describe_delay(),
-                handoff.allowance,
-            )
-            if not isinstance(nonce, str):
-                raise AirflowException(
-                    f"Resumed for lock {self.lock_key!r} without this try's owner nonce; cannot "
-                    "prove ownership of the lease the trigger acquired"
-                )
-            return self._run_locked(context, deadline, nonce, handoff)
-        if status == "timeout":
-            raise VolcanoLockContended(
-                f"Timed out waiting for lock {self.lock_key!r} "
-                f"(held with fencing token {event.get('fencing_token')}): {message}"
-            )
-        raise AirflowException(
-            f"Waiting for lock {self.lock_key!r} failed: {message or 'the trigger gave no reason'}"
-        )
+    def _hold_for(self, context: Context) -> TaskHold:
+        """This task's hold: a member's leaves its group's lease held (and a group's acquire task's, see
+        ``operators.group``)."""
+        from airflow_provider_volcano.runtime import hold as run_time
 
-    def _run_locked(
-        self, context: Context, deadline: float | None, nonce: str, handoff: TriggerHandoff | None = None
-    ) -> Any:
-        """Acquire (or wait, skip, fail, defer), then hold and run, while the task's supervisor lives."""
-        from airflow_provider_volcano._provenance import write_holder
-        from airflow_provider_volcano._supervision import supervised
-        from airflow_provider_volcano._tokens import TaskIdentity
+        if self.lock_group_task_id is not None:
+            return run_time.TaskHold(self, context, leaves_held=True, what="the group's lock")
+        return run_time.TaskHold(self, context)
 
-        owner = TaskIdentity.from_task_instance(context["ti"], nonce)
-        gone = (
-            f"The task's supervisor is gone: the task stopped its body and gave up lock {self.lock_key!r} "
-            "(see the line before)"
-        )
-        with (
-            supervised(context["ti"], self.log, self._holding_what, lambda: gone),
-            contextlib.closing(self.hook.get_client()) as client,
-        ):
-            lease = self._acquire(client, context, owner, deadline, handoff)
-            if handoff is not None and lease.fencing_token != handoff.fencing_token:
-                self.log.warning(
-                    "%s",
-                    handoff.lapsed_line(
-                        self.lock_key,
-                        "The lock was still free, so it was acquired anew "
-                        f"(fencing token {lease.fencing_token}).",
-                    ),
-                )
-            # The board's holder record, and the end of the handoff record: beside the body, not before.
-            bookkeeping = [partial(write_holder, context, self.lock_key, lease.fencing_token, self.ttl)]
-            if handoff is not None:
-                bookkeeping.insert(0, partial(self._handoff_done, lease, owner))
-            from airflow_provider_volcano._beside import beside
-
-            with beside(*bookkeeping, logger=self.log):
-                return self._hold(client, context, lease, nonce)
-
-    def _acquire(
-        self,
-        client: VolcanoLocks,
-        context: Context,
-        owner: TaskIdentity,
-        deadline: float | None,
-        handoff: TriggerHandoff | None,
-    ) -> LockLease:
-        """The lease, from the first answer or a wait in the slot; else skip, fail or defer (raises)."""
-        from airflow_provider_volcano._acquiring import acquire_answered, read_state, remaining
-        from volcano_locks.errors import ConflictError, InvalidRequest, WaitTimeout
-
-        token = self.hook.ownership_token(owner, self.lock_key)
-        try:
-            try:
-                return acquire_answered(
-                    client,
-                    self.lock_key,
-                    self.ttl,
-                    token,
-                    deadline=deadline,
-                    bound=f"wait_timeout={self.wait_timeout}",
-                    poll=self.poll_interval,
-                    log=self.log,
-                )
-            except ConflictError as exc:  # either 409: contention (or our own lapsed handoff)
-                if self.on_contention != "wait" or self.deferrable:
-                    self._contended(client, context, deadline, owner.nonce, handoff)
-                from airflow_provider_volcano._slot_wait import SlotWait
-
-                slot = SlotWait(self.hook, self.lock_key, owner, context["ti"], self.log)
-                slot.announce(
-                    exc.holder if exc.holder is not None else read_state(client, self.lock_key, self.log)
-                )
-                return slot.wait(client, self.ttl, token, remaining(deadline), self.poll_interval)
-        except WaitTimeout as exc:
-            from airflow_provider_volcano._acquiring import holder_facts
-
-            raise VolcanoLockContended(
-                f"Timed out after {self.wait_timeout} s waiting for lock {self.lock_key!r}, "
-                f"{holder_facts(exc.holder, self.lock_key)}"
-            ) from None
-        except InvalidRequest as exc:
-            raise AirflowFailException(f"Invalid lock request for {self.lock_key!r}: {exc}") from None
-
-    def _hold(self, client: VolcanoLocks, context: Context, lease: LockLease, nonce: str) -> Any:
-        """Run the callable under ``lease`` (kept by the core, interrupted on loss), then release it."""
-        from volcano_locks.errors import OwnershipLost
-        from volcano_locks.keeping import keep
-
-        self.log.info(
-            "Holding lock %r (fencing token %s, ttl %s s, owner %s)",
-            self.lock_key,
-            lease.fencing_token,
-            self.ttl,
-            nonce,  # public: the token is derived from it and the service key
-        )
-        try:
-            with keep(client, lease, interrupt=True) as guard:
-                self._active, self._body_thread = guard, threading.get_ident()
-                result = self._call(context, lease)
-        except OwnershipLost as exc:
-            self._release(client, self._latest(lease), quietly=True)
-            raise self._lost(exc, lease) from None
-        except BaseException:
-            if not self._killed and self._release(client, self._latest(lease), quietly=True):
-                self.log.info(
-                    "Released lock %r (fencing token %s) after the callable failed",
-                    self.lock_key,
-                    lease.fencing_token,
-                )
-            raise
-        finally:
-            latest = self._latest(lease)
-            self._active = self._body_thread = None
-        self._release(client, latest, quietly=False)
-        self.log.info("Released lock %r (fencing token %s)", self.lock_key, lease.fencing_token)
-        return result
-
-    def _call(self, context: Context, lease: LockLease) -> Any:
-        from airflow_provider_volcano._body import call_with_lease
-
-        return call_with_lease(self.python_callable, self.op_args, self.op_kwargs, context, lease)
-
-    def _latest(self, lease: LockLease) -> LockLease:
-        guard = self._active
-        return guard.lease if guard is not None and guard.lease is not None else lease
-
-    def _release(self, client: VolcanoLocks, lease: LockLease, *, quietly: bool) -> bool:
-        """Release ``lease``; a failure is logged (and raised unless ``quietly``)."""
-        from volcano_locks.errors import VolcanoError
-
-        try:
-            client.release(self.lock_key, lease)
-        except VolcanoError as exc:
-            self.log.warning("Could not release lock %r: %s", self.lock_key, exc)
-            if not quietly:
-                raise
-            return False
-        return True
-
-    def _holding_what(self) -> str:
-        """What the supervision watch names: the lock, and the fencing token once held."""
-        lease = self._active.lease if self._active is not None else None
-        held = f" (fencing token {lease.fencing_token})" if lease is not None else ""
-        return f"lock {self.lock_key!r}{held}"
-
-    def _handoff_done(self, lease: LockLease, owner: TaskIdentity) -> None:
-        """The resumed task holds the trigger's lease: it is no longer a handoff (delete the record)."""
-        from airflow_provider_volcano._handoff import clear_record
-
-        clear_record(self.lock_key, lease.fencing_token, self.log, owner=owner)
-
-    def _lost(self, exc: BaseException | None, lease: LockLease | None = None) -> VolcanoLockLost:
-        from airflow_provider_volcano._provenance import forced_line, read_forced
-
-        forced = None if self._killed or lease is None else read_forced(self.lock_key, lease.fencing_token)
-        if forced is not None:
-            self.log.error("Lock %r was force-released: %s", self.lock_key, forced_line(forced))
-        why = (
-            "the task was killed and released it"
-            if self._killed
-            else (forced_line(forced) if forced is not None else str(exc))
-        )
-        return VolcanoLockLost(
-            f"Lost ownership of lock {self.lock_key!r} while the task ran ({why}); "
-            "the task is failed because its work is no longer protected by the lock"
-        )
-
-    def _contended(
-        self,
-        client: VolcanoLocks,
-        context: Context,
-        deadline: float | None,
-        nonce: str,
-        handoff: TriggerHandoff | None,
-    ) -> NoReturn:
-        """Skip, fail, time out or defer on a held lock (after a lapsed handoff: say so first)."""
-        from airflow_provider_volcano._acquiring import holder_facts, read_state
-
-        facts = holder_facts(read_state(client, self.lock_key, self.log), self.lock_key)
-        allowance = self.handoff_ttl
-        if handoff is not None:
-            allowance = handoff.next_allowance(self.handoff_ttl)
-            self.log.warning(
-                "%s",
-                handoff.lapsed_line(
-                    self.lock_key,
-                    f"The lock is now {facts}; waiting again with a handoff allowance of {allowance} s.",
-                ),
-            )
-        if self.on_contention == "skip":
-            raise AirflowSkipException(f"Lock {self.lock_key!r} is {facts}; skipping (on_contention='skip')")
-        if self.on_contention == "fail":
-            raise VolcanoLockContended(f"Lock {self.lock_key!r} is {facts} (on_contention='fail')")
-        if deadline is not None and time.time() >= deadline:
-            raise VolcanoLockContended(
-                f"Timed out after {self.wait_timeout} s waiting for lock {self.lock_key!r}, {facts}"
-            )
-        self._defer(context, deadline, facts, nonce, allowance)
-
-    def _defer(
-        self, context: Context, deadline: float | None, facts: str, nonce: str, handoff_ttl: int
-    ) -> NoReturn:
-        from airflow_provider_volcano._tokens import TaskIdentity
-        from airflow_provider_volcano.triggers.lock import VolcanoLockTrigger
-
-        self.log.info("Lock %r is %s; deferring until it is free (owner %s)", self.lock_key, facts, nonce)
-        self.defer(
-            trigger=VolcanoLockTrigger(
-                volcano_conn_id=self.volcano_conn_id,
-                lock_key=self.lock_key,
-                ttl=self.ttl,
-                identity=TaskIdentity.from_task_instance(context["ti"], nonce).as_dict(),
-                deadline=deadline,
-                poll=self.poll_interval,
-                handoff_ttl=handoff_ttl,
-            ),
-            method_name="execute_complete",
-            kwargs={"deadline": deadline, "nonce": nonce},
-        )
+    def _lease_kind(self) -> tuple[str, str | None]:
+        """What this task's lease is held for: ``("task", None)`` (a group's acquire task: the group)."""
+        return "task", None
 
     def on_kill(self) -> None:
-        """Release the lock when the task is killed, and stop the callable if it runs in this thread.
-
-        Airflow answers SIGTERM by calling ``on_kill`` in the task's main thread, which is where the
-        callable runs: raising :class:`VolcanoLockLost` there stops the protected work at once
-        instead of letting it run unprotected until the keeper's next renewal notices the release.
-        """
-        guard, body_thread = self._active, self._body_thread
-        if guard is None:
-            return
-        from volcano_locks.errors import VolcanoError
-
-        self._killed = True
-        lease = guard.lease
-        if lease is not None:
-            try:
-                with self.hook.get_client() as releaser:
-                    releaser.release(self.lock_key, lease)
-                self.log.info(
-                    "Released lock %r (fencing token %s) on kill", self.lock_key, lease.fencing_token
-                )
-            except VolcanoError as exc:
-                self.log.warning("Could not release lock %r on kill: %s", self.lock_key, exc)
-        if threading.get_ident() == body_thread:
-            raise self._lost(None)
+        """Release the lock when the task is killed, and stop the callable if it runs in this thread."""
+        if self._task_hold is not None:
+            self._task_hold.kill()
 
 
 def _group_task_id(lock_group: Any) -> str | None:

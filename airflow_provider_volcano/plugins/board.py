@@ -6,6 +6,11 @@ handoff records (Variables), deferred task instances whose trigger is a
 kwargs), tasks waiting in their worker slot (the ``volcano_waiting`` XCom) and literal ``lock_key``
 arguments of parsed DAGs. Volcano says who holds each lock now; those looks go through
 :class:`GovernedReader`, so the page never spends what the holders need.
+
+Building a board is two steps so that permission comes first: the rows come from the metadata database
+alone, the caller keeps the rows its user may see (:mod:`airflow_provider_volcano.plugins.access`), and
+only those are read from Volcano. The stored provenance of a lock is read in one place,
+:func:`board_holder`; what a Variable says is a claim until its seal verifies.
 """
 
 from __future__ import annotations
@@ -13,28 +18,54 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from airflow_provider_volcano._handoff import VARIABLE_PREFIX as HANDOFF_PREFIX
-from airflow_provider_volcano._handoff import HandoffRecord
-from airflow_provider_volcano._provenance import HOLDER_PREFIX, WAITING_XCOM_KEY, HolderRecord
-from volcano_locks.clock import lease_clock
+from airflow.models import Variable
+from airflow.models.serialized_dag import SerializedDagModel
+from airflow.models.taskinstance import TaskInstance
+from airflow.models.trigger import Trigger
+from airflow.models.xcom import XComModel
+from airflow.utils.state import TaskInstanceState
+
+from airflow_provider_volcano.records.handoff import HANDOFF_PREFIX, HandoffRecord
+from airflow_provider_volcano.records.holder import HOLDER_PREFIX, HolderRecord
+from airflow_provider_volcano.records.in_slot import WAITING_XCOM_KEY
+from airflow_provider_volcano.records.opened import open_record
+from volcano_locks import VolcanoError
+from volcano_locks.integration import lease_clock
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
+    from airflow_provider_volcano.records.seal import Keyring
     from volcano_locks import LockState, VolcanoLocks
 
-__all__ = ["TRIGGER_CLASSPATH", "Board", "GovernedReader", "Holder", "LockRow", "Look", "Waiter", "collect"]
+__all__ = [
+    "TRIGGER_CLASSPATH",
+    "Board",
+    "GovernedReader",
+    "Holder",
+    "LockRow",
+    "Look",
+    "Provenance",
+    "Waiter",
+    "board_holder",
+    "collect",
+    "resolve_holder",
+]
 
 log = logging.getLogger(__name__)
+R = TypeVar("R", HolderRecord, HandoffRecord)
 
 TRIGGER_CLASSPATH = "airflow_provider_volcano.triggers.lock.VolcanoLockTrigger"
 REFRESH_INTERVAL = 10.0
 """Seconds a look at one lock is reused before the board may spend another (the page's refresh)."""
+ACTION_WAIT = 2.0
+"""Seconds a user's force release waits for the budget to admit its look before it says "not now"."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +89,9 @@ class GovernedReader:
     :param client: the Volcano client (its governor is the credential's).
     :param refresh: seconds a look is reused.
     :param clock: the lease clock (the governor's), injectable for tests.
+    :param sleep: how a user's force release waits for the budget (injectable for tests).
+    :param keys: the connection's keyring: records are believed only once their seal verifies under
+        it (``None``: no record is believed, every holder is unknown).
     """
 
     def __init__(
@@ -65,10 +99,14 @@ class GovernedReader:
         client: VolcanoLocks,
         refresh: float = REFRESH_INTERVAL,
         clock: Callable[[], float] = lease_clock,
+        keys: Keyring | None = None,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
+        self.keys = keys
         self._client = client
         self._refresh = refresh
         self._clock = clock
+        self._sleep = sleep
         self._lock = threading.Lock()
         self._cache: dict[str, tuple[float, Look]] = {}
         self.sent = 0
@@ -76,8 +114,6 @@ class GovernedReader:
 
     def look(self, key: str) -> Look:
         """The lock's state: a fresh look if one is due and the budget admits it, else the last one."""
-        from volcano_locks import VolcanoError
-
         governor = self._client.governor
         with self._lock:
             now = self._clock()
@@ -98,8 +134,28 @@ class GovernedReader:
             self._cache[key] = (now, look)
         return look
 
-    def look_now(self, key: str) -> Look:
-        """A look for a user's direct action (force release): the keeping lane, never delayed."""
+    def look_for_release(self, key: str, wait: float = ACTION_WAIT) -> Look:
+        """A fresh look for a user's force release, from the waiting budget ahead of the waiters' reads.
+
+        Only an authorised release asks (permission is checked first). It is admitted at once unless a
+        429's ``Retry-After`` holds the budget; then it waits up to ``wait`` seconds, else hands the
+        reservation back and returns a look with no state saying when to try again.
+
+        :raises VolcanoError: Volcano did not answer the read.
+        """
+        governor = self._client.governor
+        admitted = governor.reserve(priority=True)
+        delay = admitted - self._clock()
+        if delay > wait:
+            governor.refund()
+            return Look(
+                None, None, error=f"the request budget admits no read for {delay:.0f} s; try again then"
+            )
+        if delay > 0:
+            self._sleep(delay)
+        with self._lock:
+            self.sent += 1
+        governor.note_waiting()
         look = Look(self._client.get(key), datetime.now(UTC))
         with self._lock:
             self._cache[key] = (self._clock(), look)
@@ -157,6 +213,61 @@ class Waiter:
         return max(timedelta(0), now - self.since)
 
 
+@dataclass(frozen=True)
+class Provenance:
+    """Who acquired a lock's lease ``fencing_token``, from a record whose seal verified (bound to the lease).
+
+    :param holder: the task try the record names (``last_renewal`` unknown until Volcano is read).
+    :param fencing_token: the lease the record describes.
+    :param ttl: the lease's TTL (seconds), when the record says.
+    """
+
+    holder: Holder
+    fencing_token: int
+    ttl: int | None
+
+
+def board_holder(
+    keys: Keyring | None, lock_key: str, holder_text: object, handoff_text: object
+) -> tuple[Provenance, ...]:
+    """The provenance a lock's stored records give: the one place the board reads them.
+
+    A record is believed only when its seal verifies under the connection's ``keys`` and it is bound to
+    ``lock_key`` (:func:`~airflow_provider_volcano.records.open_record`, which logs the others): anyone
+    who may write a Variable could have written an unsealed one. Without ``keys`` nothing is believed.
+
+    :param holder_text: the holder record Variable's value (or ``None``).
+    :param handoff_text: the handoff record Variable's value (or ``None``).
+    """
+    if keys is None:
+        return ()
+    ring = keys
+
+    def opened(kind: type[R], text: object, prefix: str) -> R | None:
+        return open_record(
+            ring, kind, text, lock_key=lock_key, name=f"Variable {prefix + lock_key!r}", logger=log
+        ).record
+
+    found: list[Provenance] = []
+    if (held := opened(HolderRecord, holder_text, HOLDER_PREFIX)) is not None:
+        holder = Holder(
+            held.dag_id,
+            held.run_id,
+            held.task_id,
+            held.map_index,
+            held.try_number,
+            held.hostname,
+            held.acquired_at,
+            None,
+        )
+        found.append(Provenance(holder, held.fencing_token, held.ttl))
+    if (handoff := opened(HandoffRecord, handoff_text, HANDOFF_PREFIX)) is not None:
+        o = handoff.owner
+        holder = Holder(o.dag_id, o.run_id, o.task_id, o.map_index, o.try_number, None, None, None, True)
+        found.append(Provenance(holder, handoff.fencing_token, None))
+    return tuple(found)
+
+
 @dataclass
 class LockRow:
     """One lock on the board."""
@@ -166,6 +277,22 @@ class LockRow:
     holder: Holder | None = None
     waiters: list[Waiter] = field(default_factory=list)
     named_by: set[str] = field(default_factory=set)
+    claims: tuple[Provenance, ...] = ()
+    holder_hidden: bool = False
+    """The holder is a task of a DAG the viewing user may not read."""
+    hidden_waiters: int = 0
+    """Waiters of DAGs the viewing user may not read (left out of ``waiters``)."""
+
+    def dags(self) -> set[str]:
+        """The DAGs this lock belongs to: those naming its key or waiting for it, its (sealed) holders'."""
+        return set(self.named_by) | {w.dag_id for w in self.waiters} | {c.holder.dag_id for c in self.claims}
+
+    def sealed_dag(self, fencing_token: int) -> str | None:
+        """The DAG of the sealed provenance of lease ``fencing_token`` (``None``: unknown or unsealed)."""
+        for claim in self.claims:
+            if claim.fencing_token == fencing_token:
+                return claim.holder.dag_id
+        return None
 
     @property
     def held(self) -> bool | None:
@@ -205,8 +332,6 @@ class Board:
 
 
 def _variables(session: Session, prefix: str) -> Iterable[tuple[str, Any]]:
-    from airflow.models import Variable
-
     for var in session.query(Variable).filter(
         Variable.key.like(prefix.replace("_", r"\_") + "%", escape="\\")
     ):
@@ -220,10 +345,6 @@ def _aware(value: datetime | None) -> datetime:
 
 
 def _deferred_waiters(session: Session) -> Iterable[tuple[str, Waiter]]:
-    from airflow.models.taskinstance import TaskInstance
-    from airflow.models.trigger import Trigger
-    from airflow.utils.state import TaskInstanceState
-
     rows = (
         session.query(TaskInstance, Trigger)
         .join(Trigger, TaskInstance.trigger_id == Trigger.id)
@@ -240,10 +361,6 @@ def _deferred_waiters(session: Session) -> Iterable[tuple[str, Waiter]]:
 
 
 def _slot_waiters(session: Session) -> Iterable[tuple[str, Waiter]]:
-    from airflow.models.taskinstance import TaskInstance
-    from airflow.models.xcom import XComModel
-    from airflow.utils.state import TaskInstanceState
-
     rows = (
         session.query(XComModel, TaskInstance)
         .join(
@@ -273,8 +390,6 @@ def _slot_waiters(session: Session) -> Iterable[tuple[str, Waiter]]:
 
 def _dag_keys(session: Session) -> Iterable[tuple[str, str]]:
     """Literal ``lock_key`` arguments of the parsed DAGs' Volcano tasks (templated keys are not known)."""
-    from airflow.models.serialized_dag import SerializedDagModel
-
     for sdm in session.query(SerializedDagModel):
         try:
             data = sdm.data or {}
@@ -289,58 +404,66 @@ def _dag_keys(session: Session) -> Iterable[tuple[str, str]]:
 
 
 def collect(
-    session: Session, reader: GovernedReader | None, now: datetime | None = None, *, direct: str | None = None
+    session: Session,
+    reader: GovernedReader | None,
+    now: datetime | None = None,
+    *,
+    only: Callable[[LockRow], bool] | None = None,
+    lock_keys: Iterable[str] = (),
+    look: bool = True,
 ) -> Board:
-    """Build the board from the metadata database and (if ``reader``) Volcano's live states.
+    """Build the board from the metadata database and (if ``reader`` and ``look``) Volcano's live states.
 
-    :param direct: a key read at once (:meth:`GovernedReader.look_now`), for a user's action on it.
+    :param reader: the Volcano reader; its keyring is what records are opened under.
+    :param only: keeps the rows a user may see; it is applied before anything is read from Volcano.
+    :param lock_keys: locks to have a row for even when the deployment names them nowhere.
+    :param look: read the rows' states (``False``: the metadata database only, nothing sent).
     """
-    rows: dict[str, LockRow] = {}
+    rows: dict[str, LockRow] = {key: LockRow(key) for key in lock_keys}
 
     def row(key: str) -> LockRow:
         return rows.setdefault(key, LockRow(key))
 
-    holders = {key: HolderRecord.parse(key, text) for key, text in _variables(session, HOLDER_PREFIX)}
-    handoffs = {key: HandoffRecord.parse(key, text) for key, text in _variables(session, HANDOFF_PREFIX)}
-    for key in (*holders, *handoffs, *([direct] if direct else [])):
-        row(key)
+    ring = reader.keys if reader is not None else None
+    holders = dict(_variables(session, HOLDER_PREFIX))
+    handoffs = dict(_variables(session, HANDOFF_PREFIX))
+    for key in (*holders, *handoffs):
+        row(key).claims = board_holder(ring, key, holders.get(key), handoffs.get(key))
     for key, waiter in (*_deferred_waiters(session), *_slot_waiters(session)):
         row(key).waiters.append(waiter)
     for key, dag_id in _dag_keys(session):
         row(key).named_by.add(dag_id)
+    if only is not None:
+        rows = {key: lock for key, lock in rows.items() if only(lock)}
 
-    for key, lock in rows.items():
+    for lock in rows.values():
         lock.waiters.sort(key=lambda w: (w.since, w.dag_id, w.run_id, w.task_id, w.map_index))
-        if reader is not None:
-            lock.look = reader.look_now(key) if key == direct else reader.look(key)
-        state = lock.look.state
-        if state is None or not state.held or state.fencing_token is None:
-            continue
-        held, handoff = holders.get(key), handoffs.get(key)
-        if held is not None and held.fencing_token == state.fencing_token:
-            renewal = state.expires_at - timedelta(seconds=held.ttl) if state.expires_at else None
-            lock.holder = Holder(
-                held.dag_id,
-                held.run_id,
-                held.task_id,
-                held.map_index,
-                held.try_number,
-                held.hostname,
-                held.acquired_at,
-                renewal,
-            )
-        elif handoff is not None and handoff.fencing_token == state.fencing_token:
-            o = handoff.owner
-            lock.holder = Holder(
-                o.dag_id, o.run_id, o.task_id, o.map_index, o.try_number, None, None, None, True
-            )
-        # a holder (or waiter) that holds the lock is not in its line
-        if lock.holder is not None:
-            h = lock.holder
-            lock.waiters = [
-                w
-                for w in lock.waiters
-                if (w.dag_id, w.run_id, w.task_id, w.map_index)
-                != (h.dag_id, h.run_id, h.task_id, h.map_index)
-            ]
+        if reader is not None and look:
+            lock.look = reader.look(lock.key)
+        resolve_holder(lock)
     return Board(rows=dict(sorted(rows.items())), now=now or datetime.now(UTC))
+
+
+def resolve_holder(lock: LockRow) -> None:
+    """Name the holder from the provenance whose lease is the live one (tokens only grow: no stale match)."""
+    state = lock.look.state
+    lock.holder = None
+    if state is None or not state.held or state.fencing_token is None:
+        return
+    for claim in lock.claims:
+        if claim.fencing_token == state.fencing_token:
+            renewal = (
+                state.expires_at - timedelta(seconds=claim.ttl)
+                if state.expires_at is not None and claim.ttl is not None
+                else None
+            )
+            lock.holder = replace(claim.holder, last_renewal=renewal)
+            break
+    # a holder (or waiter) that holds the lock is not in its line
+    if lock.holder is not None:
+        h = lock.holder
+        lock.waiters = [
+            w
+            for w in lock.waiters
+            if (w.dag_id, w.run_id, w.task_id, w.map_index) != (h.dag_id, h.run_id, h.task_id, h.map_index)
+        ]

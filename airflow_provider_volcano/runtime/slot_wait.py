@@ -12,15 +12,18 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_volcano._acquiring import holder_facts, read_state
+from airflow_provider_volcano._handoff import LOOK_EVERY
+from airflow_provider_volcano.records.handoff import HandoffRecord
+from airflow_provider_volcano.records.holder import read_holder
+from airflow_provider_volcano.records.in_slot import WAITING_XCOM_KEY
+from airflow_provider_volcano.runtime.acquiring import holder_facts, read_state
+from airflow_provider_volcano.runtime.handoff_look import look, waiting_facts
+from volcano_locks.integration import WaitPolicy, wait_acquire, wake
 
 if TYPE_CHECKING:
-    from airflow_provider_volcano._handoff import HandoffRecord
     from airflow_provider_volcano._tokens import TaskIdentity
     from airflow_provider_volcano.hooks.volcano import VolcanoHook
-    from volcano_locks.client import VolcanoLocks
-    from volcano_locks.models import LockLease, LockState
-    from volcano_locks.waiting import WaitPolicy
+    from volcano_locks import LockLease, LockState, VolcanoLocks
 
 __all__ = ["REPORT_EVERY", "SlotWait", "wait_policy"]
 
@@ -30,9 +33,6 @@ REPORT_EVERY = 60.0
 
 def wait_policy() -> WaitPolicy:
     """The core's default wait policy, reporting (and so looking for a stranded handoff) every 5 s."""
-    from airflow_provider_volcano._handoff import LOOK_EVERY
-    from volcano_locks.waiting import WaitPolicy
-
     return WaitPolicy(report_every=LOOK_EVERY)
 
 
@@ -57,7 +57,6 @@ class SlotWait:
         self, client: VolcanoLocks, ttl: int, token: str, timeout: float | None, poll: float
     ) -> LockLease:
         """Announce the wait and wait in the core's engine; the lease, or ``WaitTimeout``."""
-        from volcano_locks.waiting import wait_acquire
 
         try:
             return wait_acquire(
@@ -75,7 +74,6 @@ class SlotWait:
 
     def announce(self, holder: LockState | None) -> None:
         """Say in the task log that the try waits here (and how to defer), and tell the lock board."""
-        from airflow_provider_volcano._provenance import WAITING_XCOM_KEY
 
         self.log.info(
             "Lock %r is %s; waiting for it in this worker slot (deferrable=False; the default "
@@ -83,7 +81,7 @@ class SlotWait:
             "triggerer without holding a slot, pass deferrable=True or set "
             "[operators] default_deferrable = True.",
             self.lock_key,
-            holder_facts(holder, self.lock_key),
+            holder_facts(holder, self.lock_key, self.hook.keyring),
         )
         if self.ti is None:
             return
@@ -116,16 +114,20 @@ class SlotWait:
         if waited - self._reported_at < REPORT_EVERY:
             return
         self._reported_at = waited
-        if holder is None or holder.fencing_token is None or holder.expires_at is None:
-            holder = read_state(client, self.lock_key, self.log)  # a refusal says neither who nor when
-        from airflow_provider_volcano._provenance import read_holder
-        from airflow_provider_volcano.triggers.lock import waiting_facts
+        # Issue 28: a fresh read (a refusal says neither who nor when; the engine's last look may be old).
+        holder = read_state(client, self.lock_key, self.log)
 
         self.log.info(
             "Still waiting for lock %r in this worker slot after %.0f s; it is %s",
             self.lock_key,
             waited,
-            waiting_facts(holder, record, state, read_holder(self.lock_key)),
+            waiting_facts(
+                holder,
+                record,
+                state,
+                read_holder(self.hook.keyring, self.lock_key, logger=self.log),
+                age=0.0,
+            ),
         )
 
     def _look_at_handoff(self, client: VolcanoLocks) -> tuple[HandoffRecord | None, object]:
@@ -133,36 +135,12 @@ class SlotWait:
 
         Returns the record still standing (or ``None``) and its owner's state, for the waiting lines.
         """
-        from airflow_provider_volcano._handoff import (
-            clear_record,
-            lease_of,
-            owner_state,
-            read_record,
-            released_line,
-            unusable_because,
-        )
-        from volcano_locks.errors import ConflictError, VolcanoError
-        from volcano_locks.waiting import wake
-
-        record = read_record(self.lock_key)
-        if record is None or record.owner == self.waiter:
-            return record, None
-        state = owner_state(record.owner)
-        reason = unusable_because(record, state, self.waiter)
-        if reason is None:
-            return record, state
-        token = self.hook.ownership_token(record.owner, self.lock_key)
-        try:
-            client.release(self.lock_key, lease_of(record, token))
-            self.log.info("%s", released_line(record, reason))
-        except ConflictError:
-            pass  # that try's lease is gone already (lapsed or released)
-        except VolcanoError as exc:
-            self.log.warning("Could not release the stranded handoff of lock %r: %s", self.lock_key, exc)
-            return record, state
-        clear_record(self.lock_key, record.fencing_token, self.log)
-        wake(self.lock_key)
-        return None, state
+        seen = look(self.lock_key, (self.waiter,), client, self.hook, self.log)
+        if seen.warning is not None:
+            self.log.warning("%s", seen.warning)
+        if seen.freed:
+            wake(self.lock_key)
+        return seen.record, seen.state
 
     def close(self) -> None:
         """Close the looks' client (the end of the wait)."""

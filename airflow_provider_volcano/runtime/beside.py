@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from airflow_provider_volcano.runtime.airflow_calls import channel_serves_threads
+
 __all__ = ["beside"]
 
 log = logging.getLogger(__name__)
@@ -34,7 +36,7 @@ def beside(*calls: Callable[[], object], logger: logging.Logger | Any = log) -> 
             except Exception as exc:  # best effort: the lock works without its records
                 logger.warning("Lock bookkeeping beside the task failed: %s", exc)
 
-    if not _channel_serves_threads():
+    if not channel_serves_threads():
         run()
         yield
         return
@@ -44,11 +46,3 @@ def beside(*calls: Callable[[], object], logger: logging.Logger | Any = log) -> 
         yield
     finally:
         thread.join()
-
-
-def _channel_serves_threads() -> bool:
-    """Whether the task talks to a real supervisor, whose channel takes calls from several threads."""
-    from airflow.sdk.execution_time import task_runner
-    from airflow.sdk.execution_time.comms import CommsDecoder
-
-    return isinstance(getattr(task_runner, "SUPERVISOR_COMMS", None), CommsDecoder)

@@ -15,9 +15,13 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowException
 
+from airflow_provider_volcano.records.holder import read_holder
+from volcano_locks import VolcanoError, WaitTimeout
+from volcano_locks.integration import wait_acquire
+
 if TYPE_CHECKING:
-    from volcano_locks.client import VolcanoLocks
-    from volcano_locks.models import LockLease, LockState
+    from airflow_provider_volcano.records.seal import Keyring
+    from volcano_locks import LockLease, LockState, VolcanoLocks
 
 __all__ = ["acquire_answered", "holder_facts", "read_state", "remaining"]
 
@@ -46,8 +50,6 @@ def acquire_answered(
     :raises volcano_locks.ConflictError: the lock is held (or our own lease lapsed).
     :raises AirflowException: no answer before ``deadline``.
     """
-    from volcano_locks.errors import WaitTimeout
-    from volcano_locks.waiting import wait_acquire
 
     def unanswered(_holder: LockState | None, waited: float) -> None:
         log.warning(
@@ -77,7 +79,6 @@ def acquire_answered(
 
 def read_state(client: VolcanoLocks, key: str, log: logging.Logger | Any) -> LockState | None:
     """The lock's state, or ``None`` (logged) when it cannot be read."""
-    from volcano_locks.errors import VolcanoError
 
     try:
         return client.get(key)
@@ -86,15 +87,16 @@ def read_state(client: VolcanoLocks, key: str, log: logging.Logger | Any) -> Loc
         return None
 
 
-def holder_facts(state: LockState | None, lock_key: str | None = None) -> str:
-    """The holder as a failure or a skip names it: its task try (from the board's record) or its token."""
-    from airflow_provider_volcano._provenance import read_holder
+def holder_facts(state: LockState | None, lock_key: str | None = None, keys: Keyring | None = None) -> str:
+    """The holder as a failure or a skip names it: its task try (from its sealed record) or its token.
 
+    :param keys: the connection's keyring, to open the holder record with (``None``: not read).
+    """
     if state is None or not state.held:
         return "held by another owner"
     expires = state.expires_at.isoformat() if state.expires_at is not None else "unknown"
-    known = lock_key is not None and state.fencing_token is not None
-    provenance = read_holder(lock_key, state.fencing_token) if known and lock_key else None
+    known = keys is not None and lock_key is not None and state.fencing_token is not None
+    provenance = read_holder(keys, lock_key, state.fencing_token) if known and keys and lock_key else None
     if provenance is not None:
         return f"{provenance.describe()}, until {expires}"
     return f"held by another owner with fencing token {state.fencing_token} until {expires}"

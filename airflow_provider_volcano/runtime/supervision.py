@@ -29,6 +29,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import jinja2
+
+from airflow_provider_volcano._compat import conf
+from airflow_provider_volcano.exceptions import VolcanoLockLost
+
 __all__ = ["SupervisorGone", "SupervisorWatch", "supervised", "task_log_file"]
 
 EXIT_CODE = 70
@@ -42,10 +47,6 @@ class SupervisorGone(Exception):
 def task_log_file(ti: object) -> Path | None:
     """The local log file Airflow's file task handler writes for this try (``None`` if unknown)."""
     try:
-        import jinja2
-
-        from airflow_provider_volcano._compat import conf
-
         template = conf.get("logging", "log_filename_template")
         base = conf.get("logging", "base_log_folder")
         name = jinja2.Template(template).render(ti=ti, try_number=getattr(ti, "try_number", 1))
@@ -154,7 +155,6 @@ def supervised(ti: object, log: Any, what: Callable[[], str], gone: Callable[[],
     :param what: what holds or wants the lock, for the watch's line.
     :param gone: the message of the task's failure (:class:`VolcanoLockLost`) when the supervisor is gone.
     """
-    from airflow_provider_volcano.exceptions import VolcanoLockLost
 
     try:
         with SupervisorWatch(log, what, task_log_file(ti)):
