@@ -1,18 +1,25 @@
 """The current view of a lock where Prefect shows things: one keyed markdown artifact per lock.
 
 Prefect has no UI plugin API, so the Artifacts page is the lock board: every acquisition, release,
-loss and skip of a lock creates a new version of the artifact `volcano-lock-<slug>-<hash>`, and the
-page lists each lock with its latest state (held or free, the holder's flow run and task run with
-links, fencing token, acquired at, expiry, deployment, work pool). The same facts go in the
-artifact's metadata, where the next acquirer reads them back to tell a holder that crashed
-(`previous_holder`) and a waiter reads who holds the lock (`holder_of`).
+refused release, loss and skip of a lock creates a new version of the artifact
+`volcano-lock-<slug>-<hash>` (the hash is over the Volcano project and the lock key: two projects may
+use one lock name), and the page lists each lock with its latest state (held, free, lapsing, lost;
+the holder's flow run and task run with links, fencing token, acquired at, expiry, deployment, work
+pool) and when the lock server last confirmed it. The same facts go in the artifact's metadata,
+where the next acquirer reads them back to tell a holder that crashed (`previous_holder`) and a
+waiter reads who holds the lock (`holder_of`).
+
+The view is true when read, as far as the last look: every answer of the lock server that a run
+gets (an acquisition, a refusal, a skip, a wait's look, `refresh_lock_view`) is compared with the
+record, and a record the answer contradicts (still "held" by a lease that ended without a release:
+a crash, a force release, a lapse) is corrected then (`look`), not only by the next holder.
 
 Writing costs Prefect API calls, never Volcano requests, and never fails the run: a failed read or
-write logs a warning and the lock goes on. The view is as current as the last write: renewals are
-not recorded (the expiry shown is the one at acquisition), and writes from two processes are not
-ordered by Prefect (a release that lands after the next acquisition is dropped when the record
-already names a newer fencing token). Never the service key or an ownership token: only the lock
-key, the fencing token, times and Prefect's own run names and ids.
+write logs a warning and the lock goes on. Writes happen inside the run; once the run is over
+(`close`) a late write is dropped quietly. Renewals are not recorded (the expiry shown is the one at
+acquisition). Every user-supplied string (run, task, deployment, pool and queue names) is escaped
+before it goes into the markdown. Never the service key or an ownership token: only the lock key,
+the project, the fencing token, times and Prefect's own run names and ids.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ from prefect.client.schemas.filters import ArtifactCollectionFilter, ArtifactCol
 from prefect.context import FlowRunContext, TaskRunContext
 from prefect.utilities.urls import url_for
 
-from volcano_locks import LeaseFacts
+from volcano_locks import LeaseFacts, LockState
 
 __all__ = ["ARTIFACT_KEY_PREFIX", "LockBoard", "RunFacts", "artifact_key"]
 
@@ -43,14 +50,14 @@ _SLUG_LENGTH = 60
 logger = logging.getLogger("prefect_volcano.board")
 
 
-def artifact_key(lock_key: str) -> str:
-    """The artifact key of lock `lock_key`, in Prefect's grammar (lowercase letters, digits, dashes).
+def artifact_key(lock_key: str, project: str) -> str:
+    """The artifact key of lock `lock_key` of Volcano project `project`, in Prefect's grammar.
 
-    A readable slug of the key plus 8 hex digits of its SHA-256, so keys that slug alike
-    (`Rollup:EU`, `rollup-eu`) keep apart.
+    A readable slug of the key plus 8 hex digits of the SHA-256 of `project/key`, so keys that slug
+    alike (`Rollup:EU`, `rollup-eu`) and one lock name in two projects keep apart.
     """
     slug = re.sub(r"[^a-z0-9]+", "-", lock_key.lower()).strip("-")[:_SLUG_LENGTH].strip("-")
-    digest = hashlib.sha256(lock_key.encode()).hexdigest()[:8]
+    digest = hashlib.sha256(f"{project}/{lock_key}".encode()).hexdigest()[:8]
     return f"{ARTIFACT_KEY_PREFIX}{slug + '-' if slug else ''}{digest}"
 
 
@@ -109,6 +116,7 @@ class LockBoard:
 
     Args:
         key: The lock key.
+        project: The Volcano project the lock belongs to (`client.project`).
         run: The run this attempt belongs to (default: read from the current context).
         client: Makes a sync Prefect client (default: `get_client(sync_client=True)`).
         clock: Wall-clock time (aware UTC), for "updated" and the lapse check.
@@ -120,6 +128,7 @@ class LockBoard:
     def __init__(
         self,
         key: str,
+        project: str,
         run: RunFacts | None = None,
         *,
         client: Callable[[], SyncPrefectClient] = lambda: get_client(sync_client=True),
@@ -128,7 +137,9 @@ class LockBoard:
         recheck_after: float = 1.0,
     ) -> None:
         self.key = key
-        self.artifact_key = artifact_key(key)
+        self.project = project
+        self.artifact_key = artifact_key(key, project)
+        self._open = True
         self.run = run if run is not None else RunFacts.current()
         self._client = client
         self._clock = clock
@@ -174,6 +185,8 @@ class LockBoard:
         record = self.read()
         if not _stale_hold(record, lease):
             return None
+        if record is not None and record.get("state") == "lapsing":
+            return {**record, "how": "expired"}  # its holder said it would: nothing to re-check
         self._sleep(self._recheck_after)
         record = self.read()
         if record is None or not _stale_hold(record, lease):
@@ -202,6 +215,53 @@ class LockBoard:
             return
         self._write("lost", lease, note=reason)
 
+    def lapsing(self, lease: LeaseFacts, reason: str) -> None:
+        """Record that the release did not go through: the lease lapses at its expiry."""
+        self._write("lapsing", lease, note=reason)
+
+    def look(self, state: LockState) -> None:
+        """Correct the record from a fresh answer of the lock server (one look), if they disagree.
+
+        A record `held` (or `lapsing`, or `lost`) whose lease the answer shows ended (the lock is free,
+        or held under a newer fencing token that no run has recorded) is rewritten, keeping the last
+        holder's facts: the view is never left saying "held" by a run whose lease is gone.
+        """
+        try:
+            record = self.read()
+            if record is None or not _contradicts(record, state):
+                return
+            if state.held:  # a newer holder may be recording itself right now: let its write win
+                self._sleep(self._recheck_after)
+                record = self.read()
+                if record is None or not _contradicts(record, state):
+                    return
+            now = _iso(self._clock())
+            ended = record.get("state", "held")
+            note = {
+                "held": "its lease ended without a release (its holder crashed or hung, or it was"
+                " force-released)",
+                "lapsing": "its release was refused; the lease lapsed",
+                "lost": "its holder lost the lease",
+            }.get(ended, "its lease ended")
+            fixed = {**record, "updated_at": now, "confirmed_at": now, "note": note}
+            if state.held:
+                fixed.update(
+                    state="held",
+                    holder="another owner (not recorded here)",
+                    fencing_token=str(state.fencing_token),
+                )
+                if state.expires_at is not None:
+                    fixed["expires_at"] = _iso(state.expires_at)
+            else:
+                fixed["state"] = "free"
+            self._create(fixed, _markdown(self.key, fixed))
+        except Exception as exc:  # the view is best effort: never fail the run over it
+            logger.warning("Could not update the current view of lock %r: %s", self.key, type(exc).__name__)
+
+    def close(self) -> None:
+        """The run is over: later writes are dropped quietly (its Prefect client and events are gone)."""
+        self._open = False
+
     def skipped(self, holder_token: int | None) -> None:
         """Record that this run skipped, keeping the recorded holder when it is the one seen."""
         try:
@@ -219,6 +279,22 @@ class LockBoard:
             record = {**record, "last_skipped": f"{me} at {now}", "updated_at": now}
             self._create(record, _markdown(self.key, record), also=f"{me} skipped")
         except Exception as exc:
+            logger.warning("Could not update the current view of lock %r: %s", self.key, type(exc).__name__)
+
+    def waiting(self, expected: str) -> None:
+        """Record beside the holder that this run waits, and when it expects to start (the ETA phrase).
+
+        The holder's record is kept as it is; a newer waiting run's report replaces an older one's.
+        """
+        try:
+            record = self.read()
+            if record is None or record.get("state") != "held":
+                return
+            now = _iso(self._clock())
+            me = self.run.flow_run_name or "a run"
+            record = {**record, "waiting": f"{me}: {expected} (as of {now})", "updated_at": now}
+            self._create(record, _markdown(self.key, record))
+        except Exception as exc:  # the view is best effort: never fail the run over it
             logger.warning("Could not update the current view of lock %r: %s", self.key, type(exc).__name__)
 
     def _write(self, state: str, lease: LeaseFacts | None, *, note: str | None) -> None:
@@ -244,6 +320,8 @@ class LockBoard:
             "work_pool_name": run.work_pool_name,
             "work_queue_name": run.work_queue_name,
             "note": note,
+            "project": self.project,
+            "confirmed_at": _iso(self._clock()),
         }
         if lease is not None:
             record.update(
@@ -262,14 +340,19 @@ class LockBoard:
         return self._deployment_name
 
     def _create(self, record: dict[str, str], markdown: str, also: str | None = None) -> None:
+        if not self._open:
+            logger.debug("lock %r: the run is over; its view update is dropped", self.key)
+            return
         run = self.run
         state = record.get("state", "?")
-        if state == "held" and record.get("flow_run_name"):
-            state += f" by {record['flow_run_name']}"
+        if state == "held" and (record.get("holder") or record.get("flow_run_name")):
+            state += f" by {record.get('holder') or record['flow_run_name']}"
         artifact = ArtifactCreate(
             key=self.artifact_key,
             type="markdown",
-            description=f"Volcano lock `{self.key}`: {state}" + (f"; {also}" if also else ""),
+            description=escape_markdown(
+                f"Volcano lock {self.key} of project {self.project}: {state}" + (f"; {also}" if also else "")
+            ),
             data=markdown,
             metadata_=record,
             flow_run_id=run.flow_run_id,  # type: ignore[arg-type]  # pydantic parses the UUID
@@ -294,9 +377,30 @@ def _parse(value: str | None) -> datetime | None:
 
 
 def _stale_hold(record: dict[str, str] | None, lease: LeaseFacts) -> bool:
-    if record is None or record.get("state") != "held":
+    if record is None or record.get("state") not in ("held", "lapsing"):
         return False
     return 0 < _token(record) < lease.fencing_token
+
+
+def _contradicts(record: dict[str, str], state: LockState) -> bool:
+    """Whether a fresh answer shows that the record's lease has ended (free, or a newer holder)."""
+    if record.get("state") not in ("held", "lapsing", "lost"):
+        return False
+    if not state.held:
+        return True
+    return state.fencing_token is not None and state.fencing_token > _token(record)
+
+
+# Every value sits inside a table cell (never at a line's start, newlines flattened), so what could
+# open markup there is: emphasis, code, links and images, a cell boundary, strikethrough and escapes.
+_MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]()!|~])")
+
+
+def escape_markdown(text: str) -> str:
+    """`text` as literal markdown: no heading, link, image, emphasis, table cell or HTML it could open."""
+    flat = " ".join(text.split())
+    flat = flat.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return _MARKDOWN_SPECIAL.sub(r"\\\1", flat)
 
 
 _ROWS = (
@@ -309,31 +413,40 @@ _ROWS = (
     ("TTL (s)", "ttl"),
     ("Deployment", "deployment_name"),
     ("Work pool / queue", "pool"),
+    ("Project", "project"),
     ("Note", "note"),
     ("Last skipped run", "last_skipped"),
+    ("Next waiting run and its expected start", "waiting"),
+    ("Confirmed by the lock server at", "confirmed_at"),
     ("Updated at", "updated_at"),
 )
 
 
 def _markdown(key: str, record: dict[str, str]) -> str:
-    """The artifact's page: a heading with the state and a table of the record."""
-    cells = dict(record)
+    """The artifact's page: a heading with the state and a table of the record, every value escaped."""
+    cells = {name: escape_markdown(value) for name, value in record.items()}
     if record.get("holder"):
-        cells["flow_run"] = record["holder"]
+        cells["flow_run"] = escape_markdown(record["holder"])
     elif record.get("flow_run_name"):
-        name = record["flow_run_name"]
-        link = f"[{name}]({record['flow_run_url']})" if record.get("flow_run_url") else name
-        cells["flow_run"] = f"{link} (`{record.get('flow_run_id', '')}`)"
+        name = escape_markdown(record["flow_run_name"])
+        url = record.get("flow_run_url", "")
+        # Our own URL (the UI's address and a UUID); a user string never becomes a link target.
+        link = f"[{name}](<{url}>)" if url.startswith(("http://", "https://")) and ">" not in url else name
+        cells["flow_run"] = f"{link} ({escape_markdown(record.get('flow_run_id', ''))})"
     if record.get("task_run_name"):
-        cells["task_run"] = f"{record['task_run_name']} (`{record.get('task_run_id', '')}`)"
+        cells["task_run"] = (
+            f"{escape_markdown(record['task_run_name'])} ({escape_markdown(record.get('task_run_id', ''))})"
+        )
     if record.get("work_pool_name"):
-        cells["pool"] = " / ".join(filter(None, (record["work_pool_name"], record.get("work_queue_name"))))
+        pool = " / ".join(filter(None, (record["work_pool_name"], record.get("work_queue_name"))))
+        cells["pool"] = escape_markdown(pool)
     state = record.get("state", "?")
     who = "last held by" if state != "held" else "held by"
-    lines = [f"## Lock `{key}`: **{state}**", "", f"{who.capitalize()} the run below.", ""]
+    heading = f"## Lock {escape_markdown(key)}: **{escape_markdown(state)}**"
+    lines = [heading, "", f"{who.capitalize()} the run below.", ""]
     lines += ["| | |", "|---|---|"]
     for label, name in _ROWS:
         value = cells.get(name)
         if value:
-            lines.append(f"| {label} | {value.replace('|', '/')} |")
+            lines.append(f"| {label} | {value} |")
     return "\n".join(lines) + "\n"

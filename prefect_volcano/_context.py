@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prefect_volcano.results import LeaseInfo
 from volcano_locks import OwnershipLost
@@ -13,7 +13,7 @@ from volcano_locks import OwnershipLost
 if TYPE_CHECKING:
     from volcano_locks import AsyncLockGuard, LockGuard, LockLease
 
-__all__ = ["current_lease", "lease_scope"]
+__all__ = ["current_lease", "current_once", "lease_scope"]
 
 # Holds the guard of the innermost locked body, so current_lease() reflects renewals (expires_at
 # moves) without copying on each one. Prefect copies the context into the threads that run
@@ -62,3 +62,22 @@ def current_lease() -> LeaseInfo:
     if lease is None:  # a guard only lacks a lease when it did not acquire, and then no body runs
         raise RuntimeError("the lock guard holds no lease")
     return lease_info(lease)
+
+
+def current_once() -> Any:
+    """The running `locked_task(..., once_key=...)`'s business key, bound to its lease.
+
+    Do the effect through it, so the effect and its record commit together: `with current_once().begin()
+    as effect:` (a `SQLLedger`: run your statements on `effect.connection`, set `effect.result`),
+    `async with` for an `AsyncSQLLedger`, or `current_once().publish(files, result=...)` for an `S3Ledger`.
+
+    Raises:
+        RuntimeError: Outside a locked body, or in one without `once_key`.
+        OwnershipLost: When the lease was lost.
+    """
+    current_lease()  # outside a body, or after a loss: its error
+    guard = _active.get()
+    once = getattr(guard, "once", None)
+    if once is None:
+        raise RuntimeError("current_once() needs a locked_task with once_key= and ledger=")
+    return once

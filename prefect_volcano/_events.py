@@ -1,7 +1,8 @@
 """Prefect events for a lock's life as one run sees it: waiting, acquired, released, lost, skipped, lapsed.
 
-The lock is the event's resource (`volcano.lock.<key>`); the flow run and task run that hold or
-want it are related resources, so the Event Feed shows who held which lock when, and an
+The lock is the event's resource (`volcano.lock.<project>/<key>`: locks are scoped to a Volcano
+project, and two projects may use one lock name); the flow run and task run that hold or want it
+are related resources, so the Event Feed shows who held which lock when, and an
 automation can match `volcano.lock.lost`. Payloads carry public facts only: the fencing token,
 TTL, expiry and the loss's reason and code; never the service key or an ownership token.
 """
@@ -26,15 +27,18 @@ __all__ = [
 LOCK_RESOURCE_PREFIX = "volcano.lock."
 """Every lock resource id starts with this; the lock key follows."""
 
-LOCK_EVENTS = ("waiting", "acquired", "released", "lost", "skipped", "lapsed")
+LOCK_EVENTS = ("waiting", "acquired", "released", "lapsing", "lost", "skipped", "lapsed", "duplicate")
 """What is emitted, as `volcano.lock.<what>`."""
 
 logger = logging.getLogger("prefect_volcano.events")
 
 
-def lock_resource_id(key: str) -> str:
-    """The Prefect resource id of lock `key`."""
-    return f"{LOCK_RESOURCE_PREFIX}{key}"
+def lock_resource_id(key: str, project: str) -> str:
+    """The Prefect resource id of lock `key` of Volcano project `project` (`volcano.lock.<project>/<key>`).
+
+    A lock key never contains `/`, so the id names one lock of one project.
+    """
+    return f"{LOCK_RESOURCE_PREFIX}{project}/{key}"
 
 
 def _public_url(api_url: str) -> str:
@@ -85,13 +89,15 @@ class LockEvents:
     background, and a failure to emit is logged by Prefect, not raised here.
     """
 
-    def __init__(self, key: str, api_url: str) -> None:
+    def __init__(self, key: str, api_url: str, project: str) -> None:
         self._resource = {
-            "prefect.resource.id": lock_resource_id(key),
+            "prefect.resource.id": lock_resource_id(key, project),
             "prefect.resource.name": key,
             "volcano.lock.key": key,
+            "volcano.project": project,
             "volcano.api-url": _public_url(api_url),
         }
+        self._open = True
         # Read now: the keeper thread that reports a loss has no run context of its own.
         self._related = _run_related()
         self._last: Event | None = None
@@ -116,8 +122,10 @@ class LockEvents:
 
         Each event follows the one before it, unless `occurred` dates it earlier (a lapse found after
         the acquisition it precedes): that one stands apart. Returns when the event occurred (None
-        when Prefect emits nothing, as outside a configured API).
+        when Prefect emits nothing, as outside a configured API, or once the run is over: `close`).
         """
+        if not self._open:
+            return None
         event = emit_event(
             f"{LOCK_RESOURCE_PREFIX}{what}",
             resource=self._resource,
@@ -131,3 +139,8 @@ class LockEvents:
         if occurred is None:
             self._last = event
         return event.occurred
+
+    def close(self) -> None:
+        """The run is over: what would be emitted from now on is dropped quietly (the run's events
+        worker may be gone, and Prefect would log an error for it)."""
+        self._open = False

@@ -7,6 +7,8 @@ listens for the lock's release events, where Prefect's events reach it, to be wo
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AsyncExitStack, ExitStack, asynccontextmanager, contextmanager
 from typing import Any
@@ -14,7 +16,7 @@ from typing import Any
 from prefect import State
 
 from prefect_volcano._events import LockEvents
-from prefect_volcano._report import RunReport, Scope, WaitReporter, run_logger
+from prefect_volcano._report import RunReport, Scope, WaitReporter, run_logger, run_who
 from prefect_volcano._spec import LockSpec
 from prefect_volcano._wake import ReleaseListener, anothing, listen_in_task, listen_in_thread
 from prefect_volcano.credentials import async_client_for, sync_client_for
@@ -29,11 +31,12 @@ from volcano_locks import (
     VolcanoLocks,
     WaitTimeout,
 )
-from volcano_locks.guard import AsyncLockContext, LockContext
-from volcano_locks.waiting import WaitPolicy
+from volcano_locks.integration import AsyncLockContext, LockContext, WaitPolicy
+from volcano_locks.once import OnceRecord
 
-EVENTS_WAIT_POLICY = WaitPolicy(poll=1.0, factor=1.6, cap=60.0)
-"""Looks while release events wake the waiter: backing off to one a minute (the safety net only)."""
+EVENTS_WAIT_POLICY = WaitPolicy(poll=1.0, factor=1.6, cap=60.0, at_expiry=True, mode="event_woken")
+"""Looks while release events wake the waiter and acquisitions are announced: only the safety net, at
+the known holder's expiry plus the grace (a crashed holder), else backing off to one a minute."""
 
 __all__ = ["Holding", "hold", "hold_async"]
 
@@ -50,6 +53,7 @@ class Holding:
         client: The run's locks client.
         cancels: Whether loss cancels the body (async) rather than interrupting it (sync).
         listen: Starts listening for releases when the wait starts; returns how to stop.
+        once_key: The rendered business key, with ``spec.ledger`` (``None``: no run-once).
     """
 
     def __init__(
@@ -60,12 +64,15 @@ class Holding:
         client: VolcanoLocks | AsyncVolcanoLocks,
         *,
         cancels: bool,
-        listen: Callable[[str, str, str, str | None], Callable[[], Any]],
+        listen: Callable[[str, str, str, str, str | None], Callable[[], Any]],
+        once_key: str | None = None,
     ) -> None:
         self.spec = spec
         self.key = key
+        self.once_key = once_key
         self.client = client
-        self.report = RunReport(key, scope, LockEvents(key, client.api_url), run_logger(), cancels=cancels)
+        events = LockEvents(key, client.api_url, client.project)
+        self.report = RunReport(key, scope, events, run_logger(), cancels=cancels, project=client.project)
         self.guard: Guard | None = None
         self.skipped: State[None] | None = None
         self.lease: LockLease | None = None
@@ -76,7 +83,7 @@ class Holding:
     def _start_listening(self) -> None:
         client = self.client
         self.stop_listening = self._listen(
-            self.key, client.api_url, client.credential_id, self.report.events.runner
+            self.key, client.api_url, client.credential_id, client.project, self.report.events.runner
         )
 
     def open(self) -> Any:
@@ -93,6 +100,7 @@ class Holding:
             # Where releases are announced (events), looks are only the safety net for a holder that
             # dies without releasing, and the engine looks at such a holder's expiry anyway.
             wait_policy=EVENTS_WAIT_POLICY if waits and ReleaseListener.available() else None,
+            once=None if self.once_key is None else self.spec.ledger.once(self.once_key, who=run_who()),
         )
         return context
 
@@ -119,6 +127,17 @@ class Holding:
         lease = guard.lease
         if lease is not None:
             self.report.acquired(lease)
+        if guard.duplicate is not None:
+            self.duplicated(guard.duplicate)
+
+    @property
+    def body_guard(self) -> Guard | None:
+        """The guard the body runs under: ``None`` when it does not run (skipped, or a duplicate)."""
+        return self.guard if self.skipped is None else None
+
+    def duplicated(self, record: OnceRecord) -> None:
+        """The business key was done by an earlier run: end as a duplicate, with its recorded result."""
+        self.skipped = self.report.duplicate(record)
 
     def lost(self, exc: OwnershipLost) -> None:
         """The keeper's loss callback (from its thread or task): tell it once."""
@@ -126,21 +145,38 @@ class Holding:
 
     def failed(self, exc: VolcanoError) -> None:
         """Tell a lock error that ends the run; errors the body raised itself pass untold."""
-        if isinstance(exc, WaitTimeout) and self.guard is None:
+        guard = self.guard
+        if isinstance(exc, WaitTimeout) and guard is None:
             self.report.gave_up(exc, self.spec.wait_timeout)
-        elif isinstance(exc, OwnershipLost) and (self.guard is None or self.guard.lost):
-            self.lost(exc)  # at entry (no safe renewal window left) or while the body ran
+        elif isinstance(exc, OwnershipLost) and (
+            guard is None or guard.lost or guard.release_outcome is None
+        ):
+            # At entry (no safe renewal window left), while the body ran, or found by the release
+            # (the lease was force-released or taken before it arrived): the body's run was not safe.
+            self.lost(exc)
+
+    def ended(self) -> None:
+        """However the run ended: tell how the release went, then finish recording inside the run.
+
+        A body that raised is released like one that returned, and says so; a release that did not go
+        through is a warning (the lease lapses), never the run's failure.
+        """
+        guard = self.guard
+        try:
+            outcome = guard.release_outcome if guard is not None and not guard.lost else None
+            if outcome is not None:
+                self.lease = outcome.lease
+                self.report.release_ended(outcome)
+        finally:
+            self.report.close()
 
     def finished(self) -> LockLease | None:
-        """After a clean exit: tell the release and return the last lease (None when skipped)."""
+        """After a clean exit: the last lease (None when skipped); a loss is raised, never success."""
         guard = self.guard
         if guard is None:
             return None
         if guard.lost:  # the core raises the loss on exit; never report success after one
             raise guard.loss or OwnershipLost(f"ownership of lock {self.key!r} was lost")
-        self.lease = guard.lease
-        if self.lease is not None:
-            self.report.released(self.lease)
         return self.lease
 
 
@@ -148,10 +184,10 @@ class Holding:
 
 
 @contextmanager
-def hold(spec: LockSpec, key: str, scope: Scope) -> Iterator[Holding]:
-    """Hold `key` per `spec` around a sync body; `holding.guard` is None when the run skips."""
+def hold(spec: LockSpec, key: str, scope: Scope, once_key: str | None = None) -> Iterator[Holding]:
+    """Hold `key` per `spec` around a sync body; the body runs when `holding.runs_body`."""
     with sync_client_for(spec.credentials.get()) as client:
-        holding = Holding(spec, key, scope, client, cancels=False, listen=listen_in_thread)
+        holding = Holding(spec, key, scope, client, cancels=False, listen=listen_in_thread, once_key=once_key)
         try:
             with ExitStack() as stack:
                 try:
@@ -164,6 +200,8 @@ def hold(spec: LockSpec, key: str, scope: Scope) -> Iterator[Holding]:
         except VolcanoError as exc:
             holding.failed(exc)
             raise
+        finally:
+            holding.ended()
         holding.finished()
 
 
@@ -171,10 +209,12 @@ def hold(spec: LockSpec, key: str, scope: Scope) -> Iterator[Holding]:
 
 
 @asynccontextmanager
-async def hold_async(spec: LockSpec, key: str, scope: Scope) -> AsyncIterator[Holding]:
+async def hold_async(
+    spec: LockSpec, key: str, scope: Scope, once_key: str | None = None
+) -> AsyncIterator[Holding]:
     """Hold `key` per `spec` around an async body (cancelled on loss); see `hold`."""
     async with async_client_for(await spec.credentials.aget()) as client:
-        holding = Holding(spec, key, scope, client, cancels=True, listen=listen_in_task)
+        holding = Holding(spec, key, scope, client, cancels=True, listen=listen_in_task, once_key=once_key)
         holding.stop_listening = anothing
         try:
             async with AsyncExitStack() as stack:
@@ -188,4 +228,6 @@ async def hold_async(spec: LockSpec, key: str, scope: Scope) -> AsyncIterator[Ho
         except VolcanoError as exc:
             holding.failed(exc)
             raise
+        finally:
+            await asyncio.to_thread(contextvars.copy_context().run, holding.ended)  # joins the view's writes
         holding.finished()

@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from prefect import State
+from prefect.client.orchestration import get_client
 from prefect.context import FlowRunContext, SyncClientContext, TaskRunContext
 from prefect.exceptions import MissingContextError
 from prefect.logging import get_run_logger
@@ -26,15 +27,20 @@ from prefect.transactions import get_transaction
 from prefect_volcano._board import LockBoard, describe_holder
 from prefect_volcano._events import LockEvents
 from volcano_locks import ErrorCode, LockContention, LockLease, LockState, OwnershipLost, WaitTimeout
+from volcano_locks.integration import Eta, ReleaseOutcome, reported
+from volcano_locks.once import OnceRecord, Who
 
 __all__ = [
+    "DUPLICATE_TAG",
     "SKIPPED_MESSAGE_PREFIX",
     "SKIPPED_STATE_NAME",
+    "SKIPPED_TAG",
     "LossReport",
     "RunReport",
     "Scope",
     "WaitReporter",
     "is_skipped",
+    "run_who",
 ]
 
 SKIPPED_STATE_NAME = "Completed"
@@ -47,6 +53,16 @@ filter by a fixed list of state names, and a run in a state named otherwise is h
 
 SKIPPED_MESSAGE_PREFIX = "Skipped: "
 """How a skipped run's state message starts (the body did not run): `is_skipped` reads it."""
+
+SKIPPED_TAG = "volcano-lock:skipped"
+"""The tag a skip adds to its flow run: every list of flow runs in the Prefect UI (the Runs page, a
+deployment's and a flow's Runs tabs, the dashboard) shows a run's tags beside its state, on Prefect's
+old (Vue) and new (React) UI alike, so a skipped run is told from one that did the work at a glance.
+A skipped task tags the flow run it belongs to (a task run's tags are fixed when it is created)."""
+
+DUPLICATE_TAG = "volcano-lock:duplicate"
+"""The tag a duplicate run (its business key already done, ``once_key``) adds to its flow run, beside
+`SKIPPED_TAG`: the runs list tells "someone else did it" from "the lock was busy"."""
 
 _JUST_BEFORE = timedelta(milliseconds=1)
 RECORDING_BOUND = 10.0
@@ -72,6 +88,7 @@ Log = logging.Logger | logging.LoggerAdapter[Any]
 Scope = Literal["task", "flow"]
 
 _fallback_logger = logging.getLogger("prefect_volcano")
+logger = logging.getLogger("prefect_volcano.report")
 
 
 def run_logger() -> Log:
@@ -80,6 +97,20 @@ def run_logger() -> Log:
         return get_run_logger()
     except MissingContextError:
         return _fallback_logger
+
+
+def run_who() -> Who:
+    """The running flow run and task run, as a run-once record names them (ids and names, never a secret)."""
+    flow_run = getattr(FlowRunContext.get(), "flow_run", None)
+    task_run = getattr(TaskRunContext.get(), "task_run", None)
+    return Who.of(
+        "prefect",
+        flow_run_id=getattr(flow_run, "id", None) or getattr(task_run, "flow_run_id", None),
+        flow_run_name=getattr(flow_run, "name", None),
+        task_run_id=getattr(task_run, "id", None),
+        task_run_name=getattr(task_run, "name", None),
+        run_count=getattr(task_run or flow_run, "run_count", None),
+    )
 
 
 def _subject(scope: Scope) -> str:
@@ -116,13 +147,14 @@ class RunReport:
         log: Log,
         *,
         cancels: bool,
+        project: str,
         board: LockBoard | None = None,
     ) -> None:
         self.key = key
         self.scope = scope
         self.events = events
         self.log = log
-        self.board = board if board is not None else LockBoard(key)
+        self.board = board if board is not None else LockBoard(key, project)
         self._recording: threading.Thread | None = None
         self.loss = LossReport(self, retries_left=_retries_left(scope), cancels=cancels)
 
@@ -179,6 +211,16 @@ class RunReport:
         if recording is not None:
             recording.join(RECORDING_BOUND)
 
+    def close(self) -> None:
+        """The run's lock business is over: finish recording inside the run, then drop what comes later.
+
+        Prefect's events worker and the run's API client end with the run; a view write or an event
+        sent after them would log an error (`Error emitting event`) or an atexit traceback.
+        """
+        self.settle()
+        self.board.close()
+        self.events.close()
+
     def lapsed(self, previous: dict[str, str], *, before: datetime | None = None) -> None:
         """Say that the previous lease ended unreleased (its holder crashed or hung, or it was dropped).
 
@@ -220,6 +262,31 @@ class RunReport:
         self.events.emit("released", fencing_token=lease.fencing_token)  # at once: it wakes waiters
         self._then(self.board.released, lease.facts())
 
+    def release_ended(self, outcome: ReleaseOutcome[LockLease]) -> None:
+        """Say how the release went: released (perhaps on a retry), or left to lapse at its expiry."""
+        if outcome.released:
+            if outcome.error is not None:
+                self.log.warning("%s", outcome.describe())
+            self.released(outcome.lease)
+            return
+        lease = outcome.lease
+        self.log.warning("%s", outcome.describe())
+        self.events.emit(
+            "lapsing",
+            fencing_token=lease.fencing_token,
+            expires_at=lease.expires_at.isoformat(),
+            reason=str(outcome.error) if outcome.error is not None else None,
+        )
+        self._then(self.board.lapsing, lease.facts(), "the release did not go through; lapses at its expiry")
+
+    def expects(self, when: str) -> None:
+        """This run waits, expecting to start ``when`` (the ETA phrase): into the view, beside the run."""
+        self._then(self.board.waiting, when)
+
+    def looked(self, state: LockState) -> None:
+        """A fresh answer of the lock server: correct the view if it contradicts it (beside the run)."""
+        self._then(self.board.look, state)
+
     def skipped(self, holder: LockState | None) -> State[None]:
         """Say the run skips, and return the Completed state named Skipped it ends in."""
         token = holder.fencing_token if holder else None
@@ -229,12 +296,45 @@ class RunReport:
         )
         self.log.info("%s", message)
         self.events.emit("skipped", holder_fencing_token=token)
+        self._mark_skipped()
+        if holder is not None:
+            self.looked(holder)
         self._then(self.board.skipped, token)
-        txn = get_transaction()
-        if txn is not None:
-            # A skip says nothing about the inputs: never let it answer a later run from the cache.
-            txn.write_on_commit = False
+        _no_cache()
         return Completed(name=SKIPPED_STATE_NAME, message=message)
+
+    def duplicate(self, record: OnceRecord) -> State[Any]:
+        """Say the run is a duplicate of the one that did its business key; the state holds that result."""
+        message = f"{SKIPPED_MESSAGE_PREFIX}duplicate run, the body did not run: {record.describe()}"
+        self.log.info("%s", message)
+        self.events.emit(
+            "duplicate",
+            business_key=record.business_key,
+            first_fencing_token=record.fencing_token,
+            first_run=record.who.describe(),
+        )
+        self._mark_skipped(DUPLICATE_TAG)
+        _no_cache()
+        return Completed(name=SKIPPED_STATE_NAME, message=message, data=record.result)
+
+    def _mark_skipped(self, *more: str) -> None:
+        """Tag the flow run, so every list of flow runs tells the skip from work done at a glance.
+
+        A task run's tags are fixed when it is created (and on Prefect 3.9 its record may not exist yet
+        when the body would start), so a skipped task marks the flow run it belongs to; the task run
+        itself says "Skipped: ..." in its state message.
+        """
+        flow_run = getattr(FlowRunContext.get(), "flow_run", None)
+        task_run = getattr(TaskRunContext.get(), "task_run", None)
+        flow_run_id = getattr(flow_run, "id", None) or getattr(task_run, "flow_run_id", None)
+        if flow_run_id is None:
+            return
+        try:
+            with get_client(sync_client=True) as client:
+                tags = set(client.read_flow_run(flow_run_id).tags) | {SKIPPED_TAG, *more}
+                client.update_flow_run(flow_run_id, tags=sorted(tags))
+        except Exception as exc:  # the mark is for people; never fail the run over it
+            logger.info("could not tag the skipped flow run: %s", type(exc).__name__)
 
     def contention_message(self, exc: LockContention, on_contention: str) -> str:
         """The message of a contention that ends the run (on_contention='fail')."""
@@ -244,6 +344,13 @@ class RunReport:
     def gave_up(self, exc: WaitTimeout, wait_timeout: float | None) -> None:
         """Say the wait ran out of time."""
         self.log.error("Gave up waiting for lock %r after %ss: %s", self.key, wait_timeout, exc)
+
+
+def _no_cache() -> None:
+    """A skip or a duplicate says nothing about the inputs: never let it answer a later run from the cache."""
+    txn = get_transaction()
+    if txn is not None:
+        txn.write_on_commit = False
 
 
 class LossReport:
@@ -316,6 +423,11 @@ class LossReport:
         r.board.lost(lease.facts() if lease is not None else None, note)
 
 
+def _expected(eta: Eta | None) -> str:
+    """The waiting line's ETA phrase (:mod:`volcano_locks.eta`)."""
+    return eta.describe() if eta is not None else "no start estimate yet (no change of hands seen)"
+
+
 class WaitReporter:
     """Tells that a run waits for a lock, whenever the core's wait engine reports.
 
@@ -333,6 +445,8 @@ class WaitReporter:
         self._on_start = on_start
         self._reports = 0
         self.holder: LockState | None = None
+        self._described_token: int | None = None
+        self._described: dict[str, str] | None = None
 
     @property
     def key(self) -> str:
@@ -345,18 +459,24 @@ class WaitReporter:
             self.holder = holder
         self._reports += 1
         r = self._report
+        who = self._who()
+        if holder is not None:
+            r.looked(holder)  # the engine's look is a fresh answer: correct a stale view with it
+        when = _expected(reported())
+        r.expects(when)
         if self._reports == 1:
-            record = r.board.holder_of(self.holder.fencing_token if self.holder else None)
-            if record is not None:
-                r.log.info("Waiting for lock %r, held by %s", r.key, describe_holder(record))
-            else:
-                r.log.info("Waiting for lock %r, held by another run%s", r.key, _by_holder(self.holder))
+            r.log.info("Waiting for lock %r, held by %s; %s", r.key, who, when)
             r.events.emit("waiting", holder_fencing_token=self.holder.fencing_token if self.holder else None)
             self._on_start()
             return
-        r.log.info(
-            "Still waiting for lock %r after %.0f s, held by another run%s",
-            r.key,
-            waited,
-            _by_holder(self.holder),
-        )
+        r.log.info("Still waiting for lock %r after %.0f s, held by %s; %s", r.key, waited, who, when)
+
+    def _who(self) -> str:
+        """The holder as the view records it (read again when its fencing token changes), or its token."""
+        token = self.holder.fencing_token if self.holder else None
+        if token != self._described_token:
+            self._described_token = token
+            self._described = self._report.board.holder_of(token)
+        if self._described is not None:
+            return describe_holder(self._described)
+        return f"another run{_by_holder(self.holder)}"

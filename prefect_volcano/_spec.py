@@ -16,8 +16,17 @@ from typing import Any, Literal, cast
 
 from prefect_volcano.credentials import VolcanoCredentials
 from volcano_locks import InvalidRequest, validate_key, validate_ttl, validate_wait_timeout
+from volcano_locks.once import validate_business_key
 
-__all__ = ["KeySpec", "LockSpec", "OnContention", "ResultMode", "lock_spec", "render_key"]
+__all__ = [
+    "KeySpec",
+    "LockSpec",
+    "OnContention",
+    "ResultMode",
+    "check_ledger_face",
+    "lock_spec",
+    "render_key",
+]
 
 OnContention = Literal["wait", "skip", "fail"]
 ResultMode = Literal["value", "locked_result"]
@@ -84,6 +93,9 @@ class LockSpec:
     on_contention: OnContention
     wait_timeout: float | None
     result: ResultMode = "value"
+    once_key: KeySpec | None = None
+    ledger: Any = field(default=None, compare=False)
+    """The run-once ledger (``SQLLedger``, ``AsyncSQLLedger`` or ``S3Ledger``) ``once_key`` is recorded in."""
 
 
 def lock_spec(
@@ -93,6 +105,8 @@ def lock_spec(
     on_contention: object,
     wait_timeout: object,
     result: object = "value",
+    once_key: object = None,
+    ledger: object = None,
 ) -> LockSpec:
     """Check a decorator's arguments where they are written and return the spec.
 
@@ -107,22 +121,41 @@ def lock_spec(
         on_contention=cast(OnContention, _check_choice("on_contention", on_contention, _POLICIES)),
         wait_timeout=_check_wait_timeout(wait_timeout, on_contention),
         result=cast(ResultMode, _check_choice("result", result, _RESULT_MODES)),
+        once_key=_check_once(once_key, ledger),
+        ledger=ledger,
     )
 
 
-def _check_key_spec(key: object) -> KeySpec:
+def _check_once(once_key: object, ledger: object) -> KeySpec | None:
+    """``once_key`` and ``ledger`` go together; the key is checked as the core checks a business key."""
+    if once_key is None and ledger is None:
+        return None
+    if once_key is None or ledger is None:
+        given, missing = ("once_key", "ledger") if ledger is None else ("ledger", "once_key")
+        raise ValueError(
+            f"{given} needs {missing}: the business key and the run-once ledger it is recorded in"
+        )
+    if not callable(getattr(ledger, "once", None)):
+        raise TypeError(
+            "ledger must be a run-once ledger (SQLLedger, AsyncSQLLedger or S3Ledger of volcano_locks.once), "
+            f"got {type(ledger).__name__}"
+        )
+    return _check_key_spec(once_key, check=validate_business_key)
+
+
+def _check_key_spec(key: object, check: Callable[[object], str] = validate_key) -> KeySpec:
     if callable(key):
         return cast(Callable[[dict[str, Any]], str], key)
     if not isinstance(key, str):
         raise TypeError(f"key must be a string, a template string or a callable, got {type(key).__name__}")
     if "{" not in key and "}" not in key:
-        validate_key(key)  # a fixed key: check it now, completely
+        check(key)  # a fixed key: check it now, completely
     else:
-        template_fields(key)
+        template_fields(key, check)
     return key
 
 
-def template_fields(template: str) -> list[str]:
+def template_fields(template: str, check: Callable[[object], str] = validate_key) -> list[str]:
     """Return the root parameter names a key template uses, checking its syntax and literal parts."""
     try:
         parsed = list(string.Formatter().parse(template))
@@ -143,9 +176,10 @@ def template_fields(template: str) -> list[str]:
         sample += "x"
     try:
         # The literal parts must fit the core's key grammar around any value a field renders to.
-        validate_key(sample)
-    except InvalidRequest as exc:
-        raise InvalidRequest(f"key template {template!r} cannot make a valid lock key: {exc}") from None
+        check(sample)
+    except ValueError as exc:
+        what = "lock key" if check is validate_key else "business key"
+        raise InvalidRequest(f"key template {template!r} cannot make a valid {what}: {exc}") from None
     return roots
 
 
@@ -175,14 +209,19 @@ def _check_wait_timeout(wait_timeout: object, on_contention: object) -> float | 
     return bound
 
 
-def check_template_against(key: KeySpec, signature: inspect.Signature, fn: Callable[..., Any]) -> None:
+def check_template_against(
+    key: KeySpec,
+    signature: inspect.Signature,
+    fn: Callable[..., Any],
+    check: Callable[[object], str] = validate_key,
+) -> None:
     """Check that a key template names only parameters `fn` has (when it has no `**kwargs`)."""
     if not isinstance(key, str):
         return
     params = signature.parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return  # any name may arrive through **kwargs; checked when the task runs
-    missing = [root for root in template_fields(key) if root not in params]
+    missing = [root for root in template_fields(key, check) if root not in params]
     if missing:
         raise ValueError(
             f"key template {key!r} uses {', '.join(map(repr, missing))}, which"
@@ -192,7 +231,11 @@ def check_template_against(key: KeySpec, signature: inspect.Signature, fn: Calla
 
 
 def render_key(
-    key: KeySpec, signature: inspect.Signature, args: tuple[Any, ...], kwargs: dict[str, Any]
+    key: KeySpec,
+    signature: inspect.Signature,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    check: Callable[[object], str] = validate_key,
 ) -> str:
     """Render the lock key for one call and check it with the core's key rule.
 
@@ -206,18 +249,32 @@ def render_key(
         if p.kind is inspect.Parameter.VAR_KEYWORD:
             parameters.update(parameters.pop(p.name, {}))
     if callable(key):
-        return _checked(key(parameters), origin=getattr(key, "__qualname__", None))
+        return _checked(key(parameters), getattr(key, "__qualname__", None), check)
     try:
         rendered = key.format_map(parameters)
     except (KeyError, AttributeError, IndexError, ValueError) as exc:
         raise InvalidRequest(f"key template {key!r} cannot be rendered: {exc!r}") from None
-    return _checked(rendered, origin=key)
+    return _checked(rendered, key, check)
 
 
-def _checked(rendered: object, origin: object) -> str:
+def _checked(rendered: object, origin: object, check: Callable[[object], str]) -> str:
     try:
-        return validate_key(rendered)
-    except InvalidRequest as exc:
+        return check(rendered)
+    except ValueError as exc:
         if origin is None:
             raise
         raise InvalidRequest(f"{exc} (rendered from key {origin!r})") from None
+
+
+def check_ledger_face(ledger: Any, is_async: bool, fn: Callable[..., Any]) -> None:
+    """An async body needs an async ledger (``AsyncSQLLedger``), a sync one a sync ledger (the others)."""
+    from volcano_locks.once import AsyncSQLLedger
+
+    if ledger is None or isinstance(ledger, AsyncSQLLedger) == is_async:
+        return
+    name = getattr(fn, "__qualname__", fn)
+    if is_async:
+        raise TypeError(
+            f"{name!r} is async: its ledger must be an AsyncSQLLedger, got {type(ledger).__name__}"
+        )
+    raise TypeError(f"{name!r} is sync: its ledger must be a SQLLedger or an S3Ledger, got AsyncSQLLedger")

@@ -4,10 +4,14 @@ Under a Prefect worker every waiting run is a process of its own, so waiters can
 polling alone would spend the project's 600 requests a minute on looks. A run that releases a lock
 emits `volcano.lock.released` (see `_events`); a waiting run subscribes to that lock's events and
 calls the core's `volcano_locks.waiting.wake`, which makes this process's waiters on the key try to
-acquire at once. The waiting runs keep a line from the same events (`WaitingLine`), so on a release
-only the first in line tries at once. The core's wait engine keeps polling as the safety net,
-backing off to a slow pace (and looking at a crashed holder's `expires_at`), so waiting works, more
-slowly, wherever the events cannot be reached.
+acquire at once; a loss (`volcano.lock.lost`, after a force release) wakes them too. The waiting runs
+keep a line from the same events (`WaitingLine`), so on a release only the first in line tries at
+once. Each acquisition (`volcano.lock.acquired`, with the lease's `expires_at`) is passed to the
+core's `volcano_locks.waiting.inform`: the engine's looks, only the safety net here
+(`WaitPolicy.at_expiry`), are then due when that lease would end unrenewed, so a line of short holds
+costs no looks and a crashed holder (no release, no event) is taken over about a second after its
+lease ends, by the first in line (the others leave it `patience` seconds). Where the events cannot be
+reached, the engine polls on its own, more slowly.
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFi
 from prefect.settings import PREFECT_API_URL
 
 from prefect_volcano._events import LOCK_RESOURCE_PREFIX, lock_resource_id
-from volcano_locks.waiting import wake
+from volcano_locks import LockState
+from volcano_locks.integration import inform, wake
 
 __all__ = ["WAKE_ENV", "ReleaseListener", "WaitingLine", "anothing", "listen_in_task", "listen_in_thread"]
 
@@ -36,6 +41,10 @@ RELEASED = f"{LOCK_RESOURCE_PREFIX}released"
 WAITING = f"{LOCK_RESOURCE_PREFIX}waiting"
 ACQUIRED = f"{LOCK_RESOURCE_PREFIX}acquired"
 SKIPPED = f"{LOCK_RESOURCE_PREFIX}skipped"
+LOST = f"{LOCK_RESOURCE_PREFIX}lost"
+FREED = (RELEASED, LOST)
+"""Events after which the lock may be free now: a release, and a loss (a force release drops the lease;
+its holder emits `lost` when its next renewal is refused)."""
 WAKE_ENV = "VOLCANO_PREFECT_WAKE"
 """Set to `off` to wait by polling alone (no events subscription), e.g. where events are blocked."""
 _SKEW = timedelta(seconds=2)  # events of the last seconds before we listened still count
@@ -48,6 +57,20 @@ def _runner(event: Event) -> str | None:
             if related.role == role:
                 return related.id
     return None
+
+
+def _holder(event: Event) -> LockState | None:
+    """The lease an `acquired` event announces (None: its payload lacks the facts)."""
+    token, expires = event.payload.get("fencing_token"), event.payload.get("expires_at")
+    if not isinstance(token, int) or not isinstance(expires, str):
+        return None
+    try:
+        expires_at = datetime.fromisoformat(expires)
+    except ValueError:
+        return None
+    if expires_at.tzinfo is None:
+        return None
+    return LockState(held=True, expires_at=expires_at, fencing_token=token)
 
 
 class WaitingLine:
@@ -99,8 +122,11 @@ class ReleaseListener:
         me: This run's resource id, to find its place in the line (None: always first).
     """
 
-    def __init__(self, key: str, api_url: str, credential_id: str, me: str | None = None) -> None:
+    def __init__(
+        self, key: str, api_url: str, credential_id: str, project: str, me: str | None = None
+    ) -> None:
         self.key = key
+        self.project = project
         self._api_url = api_url
         self._credential_id = credential_id
         self.line = WaitingLine(me)
@@ -135,16 +161,25 @@ class ReleaseListener:
             self._later.cancel()
             self._later, self._later_for = None, None
 
+    def _inform(self, event: Event) -> None:
+        """Tell the engine of the new holder: look when its lease would end unrenewed, not before."""
+        holder = _holder(event)
+        if holder is None:
+            return
+        behind = 0.0 if self.line.first() else self.line.patience
+        inform(self.key, holder, api_url=self._api_url, credential_id=self._credential_id, behind=behind)
+
     def _on(self, event: Event) -> None:
         logger.debug("event %s of %s at %s", event.event, _runner(event), event.occurred.isoformat())
         self.line.saw(event)  # a release, like an acquisition or a skip, ends its run's place in line
         if event.event == ACQUIRED:
+            self._inform(event)
             # Someone took the lock after the release we deferred to the first in line: wait for the
             # next release. An acquisition from before that release (delivered late) says nothing.
             if self._later_for is not None and event.occurred >= self._later_for:
                 self._cancel_later()
             return
-        if event.event != RELEASED or event.occurred < self._since:
+        if event.event not in FREED or event.occurred < self._since:
             return
         self._cancel_later()
         if self.line.first():
@@ -156,8 +191,8 @@ class ReleaseListener:
     async def listen(self) -> None:
         """Subscribe and wake on releases until cancelled; give up quietly if events are unreachable."""
         event_filter = EventFilter(
-            event=EventNameFilter(name=[WAITING, ACQUIRED, RELEASED, SKIPPED]),
-            resource=EventResourceFilter(id=[lock_resource_id(self.key)]),
+            event=EventNameFilter(name=[WAITING, ACQUIRED, RELEASED, LOST, SKIPPED]),
+            resource=EventResourceFilter(id=[lock_resource_id(self.key, self.project)]),
         )
         try:
             async with get_events_subscriber(filter=event_filter, reconnection_attempts=3) as subscriber:
@@ -172,11 +207,13 @@ class ReleaseListener:
             self._cancel_later()
 
 
-def listen_in_thread(key: str, api_url: str, credential_id: str, me: str | None) -> Callable[[], None]:
+def listen_in_thread(
+    key: str, api_url: str, credential_id: str, project: str, me: str | None
+) -> Callable[[], None]:
     """Start listening for releases of `key` on a daemon thread; return the function that stops it."""
     if not ReleaseListener.available():
         return _nothing
-    listener = ReleaseListener(key, api_url, credential_id, me)
+    listener = ReleaseListener(key, api_url, credential_id, project, me)
     loop = asyncio.new_event_loop()
     task = loop.create_task(listener.listen())
 
@@ -202,12 +239,12 @@ def listen_in_thread(key: str, api_url: str, credential_id: str, me: str | None)
 
 
 def listen_in_task(
-    key: str, api_url: str, credential_id: str, me: str | None
+    key: str, api_url: str, credential_id: str, project: str, me: str | None
 ) -> Callable[[], Awaitable[None]]:
     """Start listening for releases of `key` in a task of the running loop; return its async stop."""
     if not ReleaseListener.available():
         return anothing
-    listener = ReleaseListener(key, api_url, credential_id, me)
+    listener = ReleaseListener(key, api_url, credential_id, project, me)
     task = asyncio.get_running_loop().create_task(listener.listen(), name=f"volcano-lock-wake:{key}")
 
     async def stop() -> None:

@@ -20,8 +20,9 @@ from prefect.tasks import Task
 from prefect_volcano._context import lease_info, lease_scope
 from prefect_volcano._hold import Holding, hold, hold_async
 from prefect_volcano._report import Scope
-from prefect_volcano._spec import LockSpec, check_template_against, render_key
+from prefect_volcano._spec import LockSpec, check_ledger_face, check_template_against, render_key
 from prefect_volcano.results import LockedResult
+from volcano_locks.once import AlreadyDone, validate_business_key
 
 __all__ = ["Decorator"]
 
@@ -77,18 +78,30 @@ def _lock_function(fn: Callable[..., Any], spec: LockSpec, scope: Scope) -> Call
         raise TypeError(f"locked_{scope} cannot lock generator function {fn.__qualname__!r}")
     signature = inspect.signature(fn)
     check_template_against(spec.key, signature, fn)
+    if spec.once_key is not None:
+        check_template_against(spec.once_key, signature, fn, validate_business_key)
+        check_ledger_face(spec.ledger, inspect.iscoroutinefunction(fn), fn)
+
+    def keys(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, str | None]:
+        key = render_key(spec.key, signature, args, kwargs)
+        if spec.once_key is None:
+            return key, None
+        return key, render_key(spec.once_key, signature, args, kwargs, validate_business_key)
 
     if inspect.iscoroutinefunction(fn):
         async_fn = cast(Callable[..., Awaitable[Any]], fn)
 
         @functools.wraps(fn)
         async def async_locked(*args: Any, **kwargs: Any) -> Any:
-            key = render_key(spec.key, signature, args, kwargs)
+            key, once_key = keys(args, kwargs)
             value: Any = None
-            async with hold_async(spec, key, scope) as holding:
-                if holding.guard is not None:
-                    with lease_scope(holding.guard):
-                        value = await async_fn(*args, **kwargs)
+            async with hold_async(spec, key, scope, once_key) as holding:
+                if (guard := holding.body_guard) is not None:
+                    with lease_scope(guard):
+                        try:
+                            value = await async_fn(*args, **kwargs)
+                        except AlreadyDone as exc:  # recorded first by a run the look-up did not see
+                            holding.duplicated(exc.record)
             return _outcome(holding, value)
 
         wrapper: Callable[..., Any] = async_locked
@@ -96,12 +109,15 @@ def _lock_function(fn: Callable[..., Any], spec: LockSpec, scope: Scope) -> Call
 
         @functools.wraps(fn)
         def sync_locked(*args: Any, **kwargs: Any) -> Any:
-            key = render_key(spec.key, signature, args, kwargs)
+            key, once_key = keys(args, kwargs)
             value: Any = None
-            with hold(spec, key, scope) as holding:
-                if holding.guard is not None:
-                    with lease_scope(holding.guard):
-                        value = fn(*args, **kwargs)
+            with hold(spec, key, scope, once_key) as holding:
+                if (guard := holding.body_guard) is not None:
+                    with lease_scope(guard):
+                        try:
+                            value = fn(*args, **kwargs)
+                        except AlreadyDone as exc:  # recorded first by a run the look-up did not see
+                            holding.duplicated(exc.record)
             return _outcome(holding, value)
 
         wrapper = sync_locked
@@ -115,9 +131,11 @@ def _outcome(holding: Holding, value: Any) -> Any:
     """What the wrapped function returns: the value (or a `LockedResult`), or the Skipped state.
 
     A skipped run's body never ran, so it has no value: the wrapper always returns the Completed
-    state named Skipped, and Prefect makes it the run's final state. What a caller then sees is
-    Prefect's rule for a returned state: a task call hands the state to its caller, a flow call
-    returns the state's result (None); `return_state=True` gives the state in both.
+    state named Skipped, and Prefect makes it the run's final state. A duplicate (its business key
+    already done) is skipped too, and its state holds the first run's recorded result. What a caller
+    then sees is Prefect's rule for a returned state: a task call hands the state to its caller
+    (`state.result()`: None, or a duplicate's recorded result), a flow call returns the state's
+    result; `return_state=True` gives the state in both.
     `is_skipped()` tells a skip from a value.
     """
     if holding.skipped is not None:

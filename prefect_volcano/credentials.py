@@ -12,11 +12,17 @@ from prefect.blocks.core import Block
 from pydantic import Field, SecretStr, field_validator
 
 from volcano_locks import AsyncVolcanoLocks, VolcanoLocks
-from volcano_locks.governor import validate_wait_budget
+from volcano_locks.integration import validate_wait_budget
 
 __all__ = ["DEFAULT_API_URL", "VolcanoCredentials", "async_client_for", "sync_client_for"]
 
 DEFAULT_API_URL = "https://api.volcano.dev"
+
+
+DOCS_URL = "https://github.com/volcano-locks/volcano-locks/blob/main/docs/prefect.md"
+"""Where the block's "documentation" link points: this integration's own Prefect page."""
+API_URL_PATTERN = r"^\s*https?://[^/\s?#]+"
+"""What an API URL must start with (an http or https scheme and a host), as the form checks it."""
 
 
 class VolcanoCredentials(Block):
@@ -47,13 +53,16 @@ class VolcanoCredentials(Block):
 
     _block_type_name = "Volcano Credentials"
     _block_type_slug = "volcano-credentials"
-    _documentation_url = "https://volcano.dev/docs/locks"  # type: ignore[assignment]
+    _documentation_url = DOCS_URL  # type: ignore[assignment]
     _description = "Volcano project lock credentials: API URL, service key and anon key."
 
     api_url: str = Field(
         default=DEFAULT_API_URL,
         title="API URL",
         description="Base URL of the Volcano API, e.g. https://api.volcano.dev or http://127.0.0.1:8000.",
+        # In the schema too, so the UI's form refuses what the validator below would (the form does not
+        # run Python): a block saved with a URL no client can use could never load.
+        pattern=API_URL_PATTERN,
     )
     service_key: SecretStr = Field(
         default=...,
@@ -75,6 +84,8 @@ class VolcanoCredentials(Block):
     wait_budget: int | None = Field(
         default=None,
         title="Waiting budget",
+        ge=1,
+        le=600,
         description=(
             "Lock requests a minute one process may spend waiting for locks (1-600);"
             " empty: VOLCANO_WAIT_BUDGET, else 120."

@@ -8,6 +8,8 @@ templates), `_wrap` (wrapping tasks, flows and functions), `_hold` (the sync and
 
 from __future__ import annotations
 
+from typing import Any
+
 from prefect_volcano._report import SKIPPED_STATE_NAME
 from prefect_volcano._spec import KeySpec, OnContention, ResultMode, lock_spec
 from prefect_volcano._wrap import Decorator
@@ -24,6 +26,8 @@ def locked_task(
     on_contention: OnContention = "wait",
     wait_timeout: float | None = None,
     result: ResultMode = "value",
+    once_key: KeySpec | None = None,
+    ledger: Any = None,
 ) -> Decorator:
     """Make a Prefect task run only while it holds the Volcano lock `key`.
 
@@ -47,6 +51,16 @@ def locked_task(
             without bound.
         result: `"value"` returns the body's value; `"locked_result"` returns a `LockedResult`
             carrying the value, the lock key and the fencing token.
+        once_key: Run once per business key: a template over the task's parameters
+            (`"rollup:{day}"`) or a callable, recorded in `ledger`. Once the lock is held the key is
+            looked up: when an earlier run (any flow, deployment or orchestrator using the same
+            ledger) already did it, the body does not run and the task run ends Completed with a
+            message `"Skipped: duplicate run, ..."` naming the first run, its flow run tagged
+            `volcano-lock:skipped` and `volcano-lock:duplicate`, and the state's result is the first
+            run's recorded result. Otherwise the body does the effect through `current_once()`
+            (`.begin()` for SQL, `.publish(files)` for S3), which records the key with it.
+        ledger: The run-once ledger of `once_key`: a `SQLLedger` or `S3Ledger` for a sync task, an
+            `AsyncSQLLedger` for an async one (`volcano_locks.once`).
 
     Returns:
         A decorator for a task or a function.
@@ -67,7 +81,8 @@ def locked_task(
             return write_rollup(region, fencing_token=current_lease().fencing_token)
         ```
     """
-    return Decorator(lock_spec(key, ttl, credentials, on_contention, wait_timeout, result), "task")
+    spec = lock_spec(key, ttl, credentials, on_contention, wait_timeout, result, once_key, ledger)
+    return Decorator(spec, "task")
 
 
 def locked_flow(
