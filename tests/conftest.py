@@ -8,10 +8,11 @@ import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from tests import tiers
 from tests.fencing.s3_server import MotoServer
 from tests.support import pg_select
 from volcano_locks import VolcanoLocks
@@ -23,6 +24,12 @@ if TYPE_CHECKING:
 
 # pytester runs whole sessions against this conftest (tests/server/test_harness.py).
 pytest_plugins = ["pytester"]
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m selects by the marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Put the tests `tests/tiers.py` names into the slow tier."""
+    tiers.mark_slow(items, config.args)
 
 
 @pytest.fixture(scope="session")
@@ -143,3 +150,30 @@ def example_stores(
         yield stores
     finally:
         stores.close()
+
+
+@pytest.fixture(scope="session")
+def metric_reader() -> Any:
+    """OpenTelemetry's in-memory reader behind the global ``MeterProvider``, set the standard way, once."""
+    from opentelemetry import metrics
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    reader = InMemoryMetricReader()
+    metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+    return reader
+
+
+@pytest.fixture(scope="session")
+def span_exporter() -> Any:
+    """OpenTelemetry's in-memory span exporter behind the global ``TracerProvider``, set once."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    return exporter

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, TypeVar
 
 import pytest
@@ -51,6 +52,29 @@ class VolcanoConn:
     def requests(self) -> list[dict[str, Any]]:
         """The server's recent request log."""
         return list(self.server.requests())
+
+
+class TaskInstanceStandIn(SimpleNamespace):
+    """What a task's ``context["ti"]`` offers an operator run in this process: its identity and XCom.
+
+    XCom values go through a JSON round trip, as Airflow stores them (a value a REST user could post).
+    """
+
+    def xcom_push(self, key: str, value: Any) -> None:
+        self.xcoms[(self.task_id, key)] = json.loads(json.dumps(value))
+
+    def xcom_pull(self, task_ids: str, key: str) -> Any:
+        return self.xcoms.get((task_ids, key))
+
+
+def task_context(
+    task_id: str, xcoms: dict[Any, Any], run_id: str = "manual__2026-12-01", dag_id: str = "swap_dag"
+) -> dict[str, Any]:
+    """A task's context for ``execute`` in this process; ``xcoms`` is shared by the run's tasks."""
+    ti = TaskInstanceStandIn(
+        dag_id=dag_id, task_id=task_id, run_id=run_id, map_index=-1, try_number=1, xcoms=xcoms
+    )
+    return {"ti": ti}
 
 
 def browser_or_skip() -> Any:
@@ -249,12 +273,13 @@ def _stack_env(home: Path, port: int, dags: Path, tmp_path: Path, executor: str,
     }
 
 
-def _start_core(stack: Stack, port: int, apps: str) -> None:
-    """Start the api-server (``apps``), the dag processor, the scheduler and the triggerer."""
+def _start_core(stack: Stack, port: int, apps: str, triggerer: bool = True) -> None:
+    """Start the api-server (``apps``), the dag processor, the scheduler and (``triggerer``) the triggerer."""
     stack.start("api-server", "api-server", "--apps", apps, "-H", "127.0.0.1", "-p", str(port), "-w", "1")
     stack.start("dag-processor", "dag-processor")
     stack.start("scheduler", "scheduler")
-    stack.start("triggerer", "triggerer")
+    if triggerer:
+        stack.start("triggerer", "triggerer")
 
 
 @contextmanager
@@ -265,13 +290,14 @@ def running_stack(
     *,
     apps: str = "execution",
     extra_env: dict[str, str] | None = None,
+    triggerer: bool = True,
 ) -> Iterator[Stack]:
     """An api-server, dag processor, scheduler (LocalExecutor) and triggerer on a copy of the session's DB.
 
     The Volcano connection comes from the environment (``AIRFLOW_CONN_VOLCANO_DEFAULT``); the example DAGs
     write to ``<tmp_path>/examples.sqlite``. ``dags`` is the DAGs folder (default: the examples);
     ``apps`` the api-server's apps (``all`` serves the public REST API too); ``extra_env`` is added to
-    every process's environment.
+    every process's environment; without ``triggerer`` the test starts one itself (``stack.start``).
     """
     home = tmp_path / "airflow-home"
     home.mkdir()
@@ -282,7 +308,7 @@ def running_stack(
     stack = Stack(home, {**env, **(extra_env or {})})
     stack.url = f"http://127.0.0.1:{port}"
     try:
-        _start_core(stack, port, apps)
+        _start_core(stack, port, apps, triggerer)
         yield stack
     finally:
         stack.stop()
@@ -373,13 +399,15 @@ def dag_stack(
     extra_env: dict[str, str] | None = None,
     celery_queues: Mapping[str, str] | None = None,
     parse_timeout: float = 180,
+    triggerer: bool = True,
 ) -> Iterator[Stack]:
     """A full stack running ``dag_files`` against ``conn``'s lock server, its ``dag_ids`` parsed and unpaused.
 
     The DAGs folder is ``<root>/dags`` with copies of ``dag_files``; with ``users`` (name -> (role,
     password), the simple auth manager) the api-server serves the UI and the public REST API too, and is
     answering when this yields. ``celery_queues`` (worker name -> queue) makes it a CeleryExecutor stack
-    (``running_celery_stack``), else a LocalExecutor one (``running_stack``).
+    (``running_celery_stack``), else a LocalExecutor one (``running_stack``, which starts no triggerer
+    without ``triggerer``).
     """
     dags = root / "dags"
     dags.mkdir()
@@ -393,7 +421,7 @@ def dag_stack(
             volcano_conn_json(conn.url, conn.service_key, anon_key=conn.anon_key),
         )
         if celery_queues is None:
-            running = running_stack(airflow_db, root, dags, apps=apps, extra_env=extra)
+            running = running_stack(airflow_db, root, dags, apps=apps, extra_env=extra, triggerer=triggerer)
         else:
             running = running_celery_stack(airflow_db, root, dags, celery_queues, apps=apps, extra_env=extra)
         with running as stack:

@@ -6,6 +6,7 @@ page's looks), the session's Airflow metadata database (Variables, XComs, task i
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -14,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_volcano._provenance import HOLDER_PREFIX, HolderRecord
 from airflow_provider_volcano.plugins.board import GovernedReader, collect
+from airflow_provider_volcano.records import HOLDER_PREFIX, HolderRecord, Keyring, sealed
 from volcano_locks import VolcanoLocks
 from volcano_locks.governor import MIN_BURST
 from volcano_locks.server.harness import LocalServer
@@ -55,20 +56,21 @@ def test_opening_the_page_on_200_locks_costs_at_most_its_budget(
 
     prefix = f"board-{uuid.uuid4().hex[:8]}"
     keys = [f"{prefix}-{i:03d}" for i in range(LOCKS)]
+    ring = Keyring.of(quota_server.service_key)
     with VolcanoLocks(quota_server.url, service_key=quota_server.service_key, timeout=10.0) as client:
         leases = [client.acquire(key, 600) for key in keys]  # 200 held locks the deployment uses
         with create_session() as session:
             for n, lease in enumerate(leases):
                 Variable.set(
                     HOLDER_PREFIX + lease.key,
-                    _holder(lease.key, lease.fencing_token, 600, n).to_json(),
+                    json.dumps(sealed(ring, _holder(lease.key, lease.fencing_token, 600, n))),
                     session=session,
                 )
         keeper_key = f"{prefix}-renewing"
         try:
             with client.with_lock(keeper_key, 5) as guard:  # a holder renewing every ~1.7 s meanwhile
                 quota_server.clear_requests()
-                reader = GovernedReader(client, refresh=2.0)
+                reader = GovernedReader(client, refresh=2.0, keys=ring)
                 started = time.monotonic()
                 boards = []
                 while time.monotonic() - started < 8.0:  # the page refreshed every second for 8 s
@@ -124,11 +126,17 @@ def test_a_stale_holder_record_is_not_shown_as_the_holder(
             with create_session() as session:
                 Variable.set(
                     HOLDER_PREFIX + unique_key,
-                    _holder(unique_key, first.fencing_token, 30, 1).to_json(),
+                    json.dumps(
+                        sealed(
+                            Keyring.of(volcano_server.service_key),
+                            _holder(unique_key, first.fencing_token, 30, 1),
+                        )
+                    ),
                     session=session,
                 )
             with create_session() as session:
-                row = collect(session, GovernedReader(client)).rows[unique_key]
+                reader = GovernedReader(client, keys=Keyring.of(volcano_server.service_key))
+                row = collect(session, reader).rows[unique_key]
             assert row.held and row.look.state is not None
             assert row.look.state.fencing_token == second.fencing_token
             assert row.holder is None  # the record names fencing token 1: an earlier lease

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import hashlib
+import os
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -17,6 +20,7 @@ TESTED = {
     "volcano_daily_rollup",
     "volcano_fenced_lake",
     "volcano_migration",
+    "volcano_once_totals",
     "volcano_regional_refresh",
     "volcano_taskflow_pipeline",
     "volcano_warehouse_swap",
@@ -244,7 +248,17 @@ def test_warehouse_swap_runs_every_task_under_one_lease_and_releases_it(
         ("release", 204),
     ]
     group = _xcoms(dr, ACQUIRE)["volcano_lock_group"]
-    assert set(group) == {"lock_key", "fencing_token", "acquired_at", "expires_at", "ttl", "owner", "seal"}
+    assert set(group) == {
+        "lock_key",
+        "fencing_token",
+        "acquired_at",
+        "expires_at",
+        "ttl",
+        "owner",
+        "kind",
+        "seal",
+    }
+    assert group["kind"] == "group"
     assert volcano_conn.service_key not in repr(group)
 
 
@@ -341,3 +355,47 @@ def test_fenced_lake_writes_the_warehouse_and_the_lake_under_the_tasks_lease(
     assert stores.stored(day) == ({newer.fencing_token}, newer.fencing_token)
     with pytest.raises(StaleFencingToken), stores.engine.begin() as conn:  # what the task was refused with
         FencedSQL(stores.engine).claim(conn, f"sales:{day}", lease)
+
+
+PREFECT_PYTHON = Path(__file__).resolve().parents[2] / ".venv-prefect" / "bin" / "python"
+
+
+def test_once_totals_a_re_run_of_a_done_day_is_skipped_and_the_flow_on_the_same_key_too(
+    dagbag, volcano_conn, volcano_server, unique_key, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sqlalchemy as sa
+
+    url = f"sqlite:///{tmp_path / 'totals.sqlite3'}"
+    monkeypatch.setenv("VOLCANO_EXAMPLES_SQLALCHEMY_URL", url)
+    dag = dagbag.get_dag("volcano_once_totals")
+    first = dag.test(run_conf={"lock_key": unique_key})
+    assert _states(first) == {"totals": "success"}
+    day = f"{first.logical_date:%Y-%m-%d}"
+    again = dag.test(run_conf={"lock_key": unique_key})  # another run of the same day
+    assert _states(again) == {"totals": "skipped"}
+    assert _xcoms(again, "totals")["return_value"] == _xcoms(first, "totals")["return_value"]
+    # The Prefect flow on the same lock and business key, from the Prefect environment: a duplicate.
+    env = {
+        **os.environ,
+        **volcano_server.env(),
+        "VOLCANO_EXAMPLES_SQLALCHEMY_URL": url,
+        "PREFECT_HOME": str(tmp_path / "prefect-home"),
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "600",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    }
+    env.pop("PREFECT_API_URL", None)
+    flow = Path(__file__).resolve().parents[2] / "flows" / "once_totals.py"
+    proc = subprocess.run(
+        [str(PREFECT_PYTHON), str(flow), day, unique_key],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    out = ast.literal_eval(proc.stdout.strip().splitlines()[-1])
+    assert out["duplicate"] is True and f"run_id={first.run_id}" in out["message"]
+    assert out["result"] == _xcoms(first, "totals")["return_value"]
+    with sa.create_engine(url).connect() as conn:
+        rows = conn.execute(sa.text("SELECT written_by FROM example_daily_totals")).all()
+    assert [r[0] for r in rows] == ["airflow"]  # one effect, by the DAG

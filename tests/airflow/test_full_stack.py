@@ -21,6 +21,7 @@ from volcano_locks.fencing import FencedTable
 pytestmark = pytest.mark.slow
 
 DAG_ID = "volcano_migration"
+STEPS = 12  # of 2 s each, per run
 
 
 @pytest.fixture
@@ -33,11 +34,13 @@ def test_two_runs_contend_one_defers_both_succeed_nothing_secret_stored(
     stack: Stack, volcano_conn, unique_key
 ) -> None:
     resource = f"schema-{unique_key}"
-    stack.unpause_when_parsed(DAG_ID, timeout=120)
-    # Each run holds the lock ~10 s. A shorter hold lets the trigger fire before the scheduler has
+    stack.unpause_when_parsed(DAG_ID, timeout=300)  # a hang catcher: parsing waits for a busy machine
+    # Each run holds the lock ~24 s: the second run's start (two CLI triggers, a worker start) takes
+    # well over ten seconds on a busy machine, and it must defer long before the first releases. A
+    # shorter hold lets the trigger fire before the scheduler has
     # processed the executor's event for the deferring exit; Airflow 3.3.2's LocalExecutor then
     # forgets the resumed workload and the scheduler fails the running task (an Airflow race).
-    conf = json.dumps({"lock_key": unique_key, "steps": 5, "step_seconds": 2.0, "resource": resource})
+    conf = json.dumps({"lock_key": unique_key, "steps": STEPS, "step_seconds": 2.0, "resource": resource})
     for run_id in ("contend_a", "contend_b"):
         stack.cli("dags", "trigger", DAG_ID, "--run-id", run_id, "--conf", conf)
 
@@ -64,12 +67,13 @@ def test_two_runs_contend_one_defers_both_succeed_nothing_secret_stored(
     # The fenced table: the runs' steps did not interleave, and no stale write landed.
     history = FencedTable(stack.env["VOLCANO_EXAMPLES_DB"]).history(resource)
     writes = [(w.fencing_token, w.value, w.accepted) for w in history]
-    assert len(writes) == 10 and all(accepted for _, _, accepted in writes)
+    assert len(writes) == 2 * STEPS and all(accepted for _, _, accepted in writes)
     tokens = [t for t, _, _ in writes]
     assert tokens == sorted(tokens) and len(set(tokens)) == 2
     runs = [v.split(" step ")[0] for _, v, _ in writes]
-    assert runs[:5] == [runs[0]] * 5 and runs[5:] == [runs[5]] * 5 and runs[0] != runs[5]
-    assert runs[5] in seen_deferred  # the deferred run went second, with the higher fencing token
+    first, second = runs[:STEPS], runs[STEPS:]
+    assert first == [first[0]] * STEPS and second == [second[0]] * STEPS and first[0] != second[0]
+    assert second[0] in seen_deferred  # the deferred run went second, with the higher fencing token
 
     # Nothing secret in the metadata database or the task logs. The tokens are derived from the
     # owner nonces the runs logged (public), exactly as the operator and trigger derive them.

@@ -10,25 +10,19 @@ server saw no acquisition, renewal or release with the victim's token but the vi
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from airflow_provider_volcano._tokens import (
-    ForgedGroup,
-    TaskIdentity,
-    derive_token,
-    new_nonce,
-    seal_group,
-    verify_group,
-)
+from airflow_provider_volcano._tokens import TaskIdentity, derive_token, new_nonce
 from airflow_provider_volcano.operators.group import (
     GROUP_XCOM_KEY,
     VolcanoLockGroupAcquireOperator,
     VolcanoLockGroupReleaseOperator,
 )
 from airflow_provider_volcano.operators.lock import VolcanoLockOperator
+from airflow_provider_volcano.records import Keyring, open_group
+from tests.airflow.helpers import task_context
 from tests.airflow.versions import AirflowFailException
 from volcano_locks.server.service import hash_token
 
@@ -36,17 +30,8 @@ ACQUIRE = "g.volcano_lock_acquire"
 DAG, RUN = "swap_dag", "manual__2026-12-01"
 
 
-class _TI(SimpleNamespace):
-    def xcom_push(self, key: str, value: Any) -> None:
-        self.xcoms[(self.task_id, key)] = json.loads(json.dumps(value))  # stored as JSON, as Airflow does
-
-    def xcom_pull(self, task_ids: str, key: str) -> Any:
-        return self.xcoms.get((task_ids, key))
-
-
 def _context(task_id: str, xcoms: dict[Any, Any], run_id: str = RUN) -> dict[str, Any]:
-    ti = _TI(dag_id=DAG, task_id=task_id, run_id=run_id, map_index=-1, try_number=1, xcoms=xcoms)
-    return {"ti": ti}
+    return task_context(task_id, xcoms, run_id, DAG)
 
 
 def _victim(volcano_conn, outside, key: str) -> tuple[TaskIdentity, Any]:
@@ -66,7 +51,12 @@ def _victim_ops(volcano_conn, key: str, victim_token: str) -> list[tuple[str, in
 
 
 def _facts(lease: Any, owner: dict[str, Any], **extra: Any) -> dict[str, Any]:
-    return json.loads(json.dumps({**lease.public_dict(), "ttl": 60, "owner": owner, **extra}))
+    return json.loads(json.dumps({**lease.public_dict(), "owner": owner, "kind": "group", **extra}))
+
+
+def seal_group(service_key: str, facts: dict[str, Any]) -> str:
+    """A genuine seal of ``facts`` as a group lease (what an acquire task writes)."""
+    return Keyring.of(service_key).seal("group", facts)
 
 
 def _forgeries(volcano_conn, victim: TaskIdentity, lease: Any) -> dict[str, dict[str, Any]]:
@@ -126,20 +116,32 @@ def test_a_forged_group_xcom_never_yields_a_grant_of_another_tasks_lease(
 
 def test_the_seal_names_what_did_not_match_and_checks_the_run(volcano_conn, unique_key) -> None:
     owner = TaskIdentity(DAG, ACQUIRE, RUN, -1, 1, new_nonce())
-    group = {"lock_key": unique_key, "fencing_token": 7, "ttl": 60, "owner": owner.as_dict()}
+    group: dict[str, Any] = {
+        "lock_key": unique_key,
+        "fencing_token": 7,
+        "ttl": 60,
+        "acquired_at": "2026-12-01T03:00:00+00:00",
+        "expires_at": "2026-12-01T03:01:00+00:00",
+        "owner": owner.as_dict(),
+        "kind": "group",
+    }
     group["seal"] = seal_group("key-a", group)
     where = {"dag_id": DAG, "run_id": RUN, "acquire_task_id": ACQUIRE, "map_index": -1}
-    assert verify_group("key-a", group, **where) == owner
-    assert verify_group("key-a", group, **{**where, "map_index": 3}) == owner  # a mapped member
-    with pytest.raises(ForgedGroup, match="seal does not match"):
-        verify_group("key-b", group, **where)
-    for field, value in (("fencing_token", 8), ("ttl", 61), ("lock_key", "other")):
-        with pytest.raises(ForgedGroup, match="seal does not match"):
-            verify_group("key-a", {**group, field: value}, **where)
-    with pytest.raises(ForgedGroup, match=r"not this run's acquire task .* of run 'manual__y'"):
-        verify_group("key-a", group, **{**where, "run_id": "manual__y"})
-    with pytest.raises(ForgedGroup, match="not this run's acquire task"):
-        verify_group("key-a", group, **{**where, "acquire_task_id": "h.volcano_lock_acquire"})
+
+    def refusal(value: dict[str, Any], key: str = "key-a", **at: Any) -> str | None:
+        opened = open_group(Keyring.of(key), value, **{**where, **at})
+        return opened.refusal
+
+    assert open_group(Keyring.of("key-a"), group, **where).record.owner == owner  # type: ignore[union-attr]
+    assert refusal(group, map_index=3) is None  # a mapped member
+    assert refusal(group, "key-b") == (
+        "sealed under another key (was the service key rotated? add the old key to previous_service_keys)"
+    )
+    for field, value in (("fencing_token", 8), ("ttl", 61), ("lock_key", "other"), ("kind", "task")):
+        assert "seal does not match" in str(refusal({**group, field: value})), field
+    assert "not this run's acquire task" in str(refusal(group, run_id="manual__y"))
+    assert "of run 'manual__y'" in str(refusal(group, run_id="manual__y"))
+    assert "not this run's acquire task" in str(refusal(group, acquire_task_id="h.volcano_lock_acquire"))
 
 
 def test_the_acquire_tasks_own_sealed_xcom_runs_its_members(volcano_conn, outside, unique_key) -> None:
@@ -148,7 +150,16 @@ def test_the_acquire_tasks_own_sealed_xcom_runs_its_members(volcano_conn, outsid
     acquire = VolcanoLockGroupAcquireOperator(task_id=ACQUIRE, lock_key=unique_key, ttl=60)
     facts = acquire.execute(_context(ACQUIRE, xcoms))
     group = xcoms[(ACQUIRE, GROUP_XCOM_KEY)]
-    assert set(group) == {"lock_key", "fencing_token", "acquired_at", "expires_at", "ttl", "owner", "seal"}
+    assert set(group) == {
+        "lock_key",
+        "fencing_token",
+        "acquired_at",
+        "expires_at",
+        "ttl",
+        "owner",
+        "kind",
+        "seal",
+    }
     member = VolcanoLockOperator(
         task_id="g.load",
         python_callable=lambda volcano_lease: volcano_lease["fencing_token"],

@@ -65,7 +65,8 @@ def _ti_state(stack: Stack, run_id: str) -> tuple[str | None, int]:
 
 def _two_waiters(stack: Stack, outside: VolcanoLocks, key: str, tag: str, break_file: str = "") -> tuple:  # type: ignore[type-arg]
     """The test holds ``key``; run ``<tag>_w`` defers first, then ``<tag>_c``. Returns (lease, runs)."""
-    held = outside.acquire(key, 120)
+    # Long enough that a slow set-up (two runs deferring on a loaded machine) never lets it lapse first.
+    held = outside.acquire(key, 600)
     first, second = f"{tag}_w", f"{tag}_c"
     for run_id, flag in ((first, break_file), (second, "")):
         conf = json.dumps({"lock_key": key, "seconds": 2.0, "break_file": flag})

@@ -452,7 +452,7 @@ def test_a_wait_in_the_worker_slot_reports_every_minute_naming_the_holder(
     from volcano_locks import LockState
 
     held = outside.acquire(unique_key, 30)
-    from airflow_provider_volcano._slot_wait import SlotWait
+    from airflow_provider_volcano.runtime.slot_wait import SlotWait
 
     op = _op(unique_key)
     wait = SlotWait(op.hook, unique_key, None, None, op.log)

@@ -1,11 +1,22 @@
-"""Provenance records: what they hold (public facts only) and what a reader accepts."""
+"""Provenance records: what they hold (public facts only), sealed, and what a reader accepts."""
 
 from __future__ import annotations
 
 import json
+import logging
 
-from airflow_provider_volcano._provenance import ForcedRecord, HolderRecord, forced_line
+import pytest
 
+from airflow_provider_volcano.records import (
+    ForcedRecord,
+    HolderRecord,
+    Keyring,
+    forced_line,
+    open_record,
+    sealed,
+)
+
+RING = Keyring.of("service-key-a")
 RECORD = HolderRecord(
     lock_key="warehouse",
     fencing_token=7,
@@ -20,9 +31,13 @@ RECORD = HolderRecord(
 )
 
 
+def _open(value: object, lock_key: str = "warehouse", kind: type = HolderRecord) -> object:
+    return open_record(RING, kind, value, lock_key=lock_key, name="Variable 'volcano_lock_holder:warehouse'")
+
+
 def test_a_holder_record_round_trips_and_names_the_try() -> None:
-    text = RECORD.to_json()
-    assert HolderRecord.parse("warehouse", text) == RECORD
+    text = json.dumps(sealed(RING, RECORD))
+    assert _open(text).record == RECORD  # type: ignore[attr-defined]
     assert RECORD.describe() == (
         "held by daily_rollup / scheduled__2026-12-01 / load try 2 on worker-1, fencing token 7, "
         "since 2026-12-01T03:12:00+00:00"
@@ -38,39 +53,29 @@ def test_a_holder_record_round_trips_and_names_the_try() -> None:
         "task_id",
         "map_index",
         "try_number",
-    }  # fmt: skip  (no token, no nonce, no key: nothing that proves ownership)
+        "kind",
+        "seal",
+    }  # fmt: skip  (no token, no nonce, no key: nothing that proves ownership; the seal is a MAC)
 
 
-def test_a_reader_refuses_what_is_not_a_record_of_that_lock() -> None:
-    text = RECORD.to_json()
-    assert HolderRecord.parse("other", text) is None  # a record copied to another lock's Variable
-    assert HolderRecord.parse("warehouse", "not json") is None
-    assert HolderRecord.parse("warehouse", None) is None
+def test_a_reader_refuses_what_is_not_a_sealed_record_of_that_lock(caplog: pytest.LogCaptureFixture) -> None:
+    text = json.dumps(sealed(RING, RECORD))
+    caplog.set_level(logging.WARNING)
+    assert _open(text, "other").refusal == "it names lock 'warehouse', not 'other'"  # type: ignore[attr-defined]
+    assert _open("not json").refusal == "it is not JSON"  # type: ignore[attr-defined]
+    assert _open(None).refusal is None and _open(None).record is None  # type: ignore[attr-defined]
     forged = json.loads(text) | {"fencing_token": True}
-    assert HolderRecord.parse("warehouse", json.dumps(forged)) is None
-    missing = {k: v for k, v in json.loads(text).items() if k != "hostname"}
-    assert HolderRecord.parse("warehouse", json.dumps(missing)) is None
+    assert _open(json.dumps(forged)).record is None  # type: ignore[attr-defined]
+    changed = json.loads(text) | {"dag_id": "payments"}  # another DAG named, the seal kept
+    assert "does not match its facts" in _open(json.dumps(changed)).refusal  # type: ignore[attr-defined]
+    unsealed = json.dumps(RECORD.facts())
+    assert "carries no seal" in _open(unsealed).refusal  # type: ignore[attr-defined]
+    assert "Ignoring Variable 'volcano_lock_holder:warehouse'" in caplog.text
+    assert "service-key-a" not in caplog.text and json.loads(text)["seal"] not in caplog.text
 
 
 def test_a_force_release_record_names_who_and_which_lease() -> None:
     record = ForcedRecord("warehouse", 7, "alice", "2026-12-01T03:20:00+00:00")
-    assert ForcedRecord.parse("warehouse", record.to_json()) == record
-    assert ForcedRecord.parse("other", record.to_json()) is None
+    assert _open(json.dumps(sealed(RING, record)), kind=ForcedRecord).record == record  # type: ignore[attr-defined]
     line = forced_line(record)
     assert "force-released by alice at 2026-12-01T03:20:00+00:00" in line and "fencing token 7" in line
-
-
-def test_a_waiting_line_names_the_holder_try_only_for_its_live_fencing_token() -> None:
-    from datetime import UTC, datetime
-
-    from airflow_provider_volcano.triggers.lock import waiting_facts
-    from volcano_locks import LockState
-
-    until = datetime(2026, 12, 1, 3, 13, tzinfo=UTC)
-    line = waiting_facts(LockState(held=True, expires_at=until, fencing_token=7), None, None, RECORD)
-    assert line.startswith(
-        "held by daily_rollup / scheduled__2026-12-01 / load try 2 on worker-1, fencing token 7"
-    )
-    assert until.isoformat() in line
-    newer = waiting_facts(LockState(held=True, expires_at=until, fencing_token=8), None, None, RECORD)
-    assert "daily_rollup" not in newer and "fencing token 8" in newer  # a stale record names no one

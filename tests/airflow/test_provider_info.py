@@ -123,6 +123,7 @@ def test_airflow_discovers_the_provider_through_the_entry_point() -> None:
     assert set(behaviour["hidden_fields"]) == {"schema", "login"}
     widgets = pm.connection_form_widgets
     assert widgets["extra__volcano__anon_key"].is_sensitive
+    assert widgets["extra__volcano__previous_service_keys"].is_sensitive  # keys, masked like the anon key
     assert not widgets["extra__volcano__timeout"].is_sensitive
 
 

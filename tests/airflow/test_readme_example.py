@@ -7,6 +7,8 @@ user's ``write_rollup`` defined above it to record what it was handed.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -26,10 +28,19 @@ def write_rollup(day, fencing_token):  # the user's own write; here it records w
 """
 
 
-def readme_connection() -> dict:
-    """The JSON of the README's ``export AIRFLOW_CONN_VOLCANO_DEFAULT='...'``."""
+def readme_connection(api_url: str, service_key: str) -> dict:
+    """What the README's ``export AIRFLOW_CONN_VOLCANO_DEFAULT=...`` sets, run by bash in a shell that has
+    the ``VOLCANO_*`` variables `volcano-locks serve` printed."""
     (line,) = [c for c in shell_commands() if c.startswith("export AIRFLOW_CONN_VOLCANO_DEFAULT=")]
-    return json.loads(line.split("=", 1)[1].strip("'"))
+    done = subprocess.run(
+        ["bash", "-c", f'{line}\nprintf %s "$AIRFLOW_CONN_VOLCANO_DEFAULT"'],
+        env={"PATH": os.environ["PATH"], "VOLCANO_API_URL": api_url, "VOLCANO_SERVICE_KEY": service_key},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    return json.loads(done.stdout)
 
 
 def test_the_readme_dag_holds_daily_rollup_through_the_readme_connection(
@@ -39,9 +50,8 @@ def test_the_readme_dag_holds_daily_rollup_through_the_readme_connection(
     from airflow.dag_processing.dagbag import BundleDagBag, sync_bag_to_db
 
     service_key, anon_key = volcano_keys
-    conn = readme_connection()
-    assert conn["host"] == "http://127.0.0.1:8000" and conn["password"] == "<service key>"
-    conn.update(host=volcano_server.url, password=service_key, extra={**conn["extra"], "anon_key": anon_key})
+    conn = readme_connection(volcano_server.url, service_key)
+    assert conn == {"conn_type": "volcano", "host": volcano_server.url, "password": service_key}
     monkeypatch.setenv("AIRFLOW_CONN_VOLCANO_DEFAULT", json.dumps(conn))
     rollups = tmp_path / "rollups.jsonl"
     monkeypatch.setenv("README_ROLLUPS", str(rollups))

@@ -6,6 +6,8 @@ Beside the shared ``FencedTable`` (``fenced_store.py``), each worker writes ever
   one fenced transaction appends the attempt and bumps ``<table>_sqla_total`` (two statements of the
   user's, after the guard). A refused attempt is appended afterwards, outside the transaction, as
   ``accepted = false``, so the checker sees it.
+- ``sql-async``: the same through :class:`~volcano_locks.fencing.AsyncFencedSQL` on SQLAlchemy's asyncio
+  engines (asyncpg; aiosqlite on a SQLite file of its own), tables ``<table>_sqlaa_*``.
 - ``s3``: :class:`~volcano_locks.fencing.FencedS3Prefix` on a prefix in a versioned bucket of the run's moto
   server: one publish of ``value.json`` per attempt. Accepted attempts are the manifest's versions (its
   ``generation`` orders them); a refused one is recorded as ``attempts/<id>.json`` with the generation it
@@ -18,42 +20,76 @@ effect, so the one checker reads all three.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.pool import NullPool
 
 from volcano_locks.fencing import Fence, FencedS3Prefix, FencedSQL, StaleFencingToken
+from volcano_locks.fencing.sql import DEFAULT_STALL_TIMEOUT
 
 from .fenced_store import RESOURCE, WriteRow, open_store
 
-__all__ = ["ADAPTERS", "S3Store", "SqlStore", "open_stores"]
+__all__ = ["ADAPTERS", "AsyncSqlStore", "S3Store", "SqlStore", "open_stores"]
 
-ADAPTERS = ("sql", "s3")
+ADAPTERS = ("sql", "sql-async", "s3")
 
 
-def _sqlalchemy_url(url: str) -> str:
+def _sqlalchemy_url(url: str, *, is_async: bool = False) -> str:
     if url.startswith(("postgresql://", "postgres://")):
-        return "postgresql+psycopg://" + url.split("://", 1)[1]
+        return ("postgresql+asyncpg://" if is_async else "postgresql+psycopg://") + url.split("://", 1)[1]
     path = url.removeprefix("sqlite:")
     root, _ = os.path.splitext(path)
-    return f"sqlite:///{root}-sqla.sqlite3"  # its own file: the SQLite write lock is per database
+    # Its own file: the SQLite write lock is per database.
+    return f"sqlite+aiosqlite:///{root}-sqla-async.sqlite3" if is_async else f"sqlite:///{root}-sqla.sqlite3"
 
 
 class SqlStore:
-    """The chaos resource as a user's own tables behind FencedSQL."""
+    """The chaos resource as a user's own tables behind FencedSQL.
 
-    def __init__(self, url: str, table: str, lock_key: str) -> None:
-        """Use ``<table>_sqla_*`` in the database of ``url`` (a SQLite path or a PostgreSQL DSN)."""
-        sa_url = _sqlalchemy_url(url)
-        self.engine = sa.create_engine(
-            sa_url, **({"connect_args": {"timeout": 30}} if "sqlite" in sa_url else {})
-        )
+    ``stall_timeout`` is FencedSQL's (PostgreSQL); ``sqlite_timeout`` the SQLite busy timeout: the two
+    bounds on how long a writer waits behind one paused inside its transaction.
+    """
+
+    is_async = False
+    infix = "sqla"
+
+    def __init__(
+        self,
+        url: str,
+        table: str,
+        lock_key: str,
+        *,
+        stall_timeout: float | None = DEFAULT_STALL_TIMEOUT,
+        sqlite_timeout: float = 30.0,
+    ) -> None:
+        """Use ``<table>_<infix>_*`` in the database of ``url`` (a SQLite path or a PostgreSQL DSN)."""
+        sync_url = sa.make_url(_sqlalchemy_url(url, is_async=self.is_async))
+        args: dict[str, Any] = {}
+        if sync_url.get_backend_name() == "sqlite":
+            args["connect_args"] = {"timeout": sqlite_timeout}
+        if self.is_async:
+            # Imported here, not with the module: SQLAlchemy's asyncio package brings its ORM along (seconds
+            # on a loaded machine), and a chaos worker imports this module before it can take a SIGTERM.
+            from sqlalchemy.ext.asyncio import create_async_engine
+
+            from volcano_locks.fencing import AsyncFencedSQL
+
+            self.async_engine = create_async_engine(sync_url, poolclass=NullPool, **args)
+            self.async_fenced = AsyncFencedSQL(
+                self.async_engine, guard_table=f"{table}_{self.infix}_guard", stall_timeout=stall_timeout
+            )
+            sync_url = sync_url.set(drivername=sync_url.get_backend_name())  # for creating and reading
+        self.engine = sa.create_engine(sync_url, **args)
+        table = f"{table}_{self.infix}"
         md = sa.MetaData()
         self.log = sa.Table(
-            f"{table}_sqla_log",
+            f"{table}_log",
             md,
             sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
             sa.Column("fencing_token", sa.BigInteger, nullable=False),
@@ -64,13 +100,13 @@ class SqlStore:
             sa.Column("accepted", sa.Boolean, nullable=False),
         )
         self.total = sa.Table(
-            f"{table}_sqla_total",
+            f"{table}_total",
             md,
             sa.Column("resource", sa.String(64), primary_key=True),
             sa.Column("writes", sa.Integer, nullable=False),
         )
         self.metadata = md
-        self.fenced = FencedSQL(self.engine, guard_table=f"{table}_sqla_guard")
+        self.fenced = FencedSQL(self.engine, guard_table=f"{table}_guard", stall_timeout=stall_timeout)
         self.lock_key = lock_key
         self._ready = False
 
@@ -83,25 +119,49 @@ class SqlStore:
                 self.metadata.create_all(conn)
             self._ready = True
 
-    def write(self, token: int, value: str, *, writer: str, cs: int, late: bool = False) -> bool:
-        """Attempt one fenced write; return whether it was accepted."""
+    def write(
+        self,
+        token: int,
+        value: str,
+        *,
+        writer: str,
+        cs: int,
+        late: bool = False,
+        inside: Callable[[], None] | None = None,
+    ) -> bool:
+        """Attempt one fenced write; return whether it was accepted.
+
+        ``inside`` runs within the fenced transaction, after its first statement (a pause there holds the
+        guard: ``test_long_pause``).
+        """
         self._create()
         row = {"fencing_token": token, "value": value, "writer": writer, "cs": cs, "late": late}
         try:
-            with self.fenced.begin(RESOURCE, Fence(self.lock_key, token)) as conn:
-                conn.execute(self.log.insert().values(**row, accepted=True))
-                bumped = conn.execute(
-                    self.total.update()
-                    .where(self.total.c.resource == RESOURCE)
-                    .values(writes=self.total.c.writes + 1)
-                )
-                if bumped.rowcount == 0:
-                    conn.execute(self.total.insert().values(resource=RESOURCE, writes=1))
+            self._fenced_write(Fence(self.lock_key, token), row, inside)
         except StaleFencingToken:
             with self.engine.begin() as conn:
                 conn.execute(self.log.insert().values(**row, accepted=False))
             return False
         return True
+
+    def _statements(self, row: dict[str, Any]) -> tuple[Any, Any, Any]:
+        """The user's statements: log the attempt, bump the total (or insert it when there is none)."""
+        t = self.total
+        bump = t.update().where(t.c.resource == RESOURCE).values(writes=t.c.writes + 1)
+        return (
+            self.log.insert().values(**row, accepted=True),
+            bump,
+            t.insert().values(resource=RESOURCE, writes=1),
+        )
+
+    def _fenced_write(self, fence: Fence, row: dict[str, Any], inside: Callable[[], None] | None) -> None:
+        log, bump, first = self._statements(row)
+        with self.fenced.begin(RESOURCE, fence) as conn:
+            conn.execute(log)
+            if inside is not None:
+                inside()
+            if conn.execute(bump).rowcount == 0:
+                conn.execute(first)
 
     def current(self) -> tuple[int, str]:
         """The resource's (fencing_token, value) now: the last accepted row."""
@@ -142,6 +202,31 @@ class SqlStore:
         self.engine.dispose()
 
 
+class AsyncSqlStore(SqlStore):
+    """The chaos resource behind AsyncFencedSQL (asyncpg, aiosqlite); each write runs its own event loop."""
+
+    is_async = True
+    infix = "sqlaa"
+
+    def _fenced_write(self, fence: Fence, row: dict[str, Any], inside: Callable[[], None] | None) -> None:
+        log, bump, first = self._statements(row)
+
+        async def write() -> None:
+            async with self.async_fenced.begin(RESOURCE, fence) as conn:
+                await conn.execute(log)
+                if inside is not None:
+                    inside()  # a pause here blocks the loop too: the whole process is paused
+                if (await conn.execute(bump)).rowcount == 0:
+                    await conn.execute(first)
+
+        asyncio.run(write())
+
+    def close(self) -> None:
+        """Dispose of both engines."""
+        super().close()
+        asyncio.run(self.async_engine.dispose())
+
+
 class S3Store:
     """The chaos resource as an S3 prefix behind FencedS3Prefix (a versioned bucket on the run's moto)."""
 
@@ -168,9 +253,11 @@ class S3Store:
         return True
 
     def current(self) -> tuple[int, str]:
-        """The prefix's (fencing_token, value) now."""
-        m = self.prefix.current()
-        return (0, "") if m is None else (m.fencing_token, json.loads(self.prefix.read("value.json"))["v"])
+        """The prefix's (fencing_token, value) now, read from one snapshot."""
+        snapshot = self.prefix.snapshot()
+        if snapshot is None:
+            return (0, "")
+        return snapshot.manifest.fencing_token, json.loads(snapshot.read("value.json"))["v"]
 
     def writes(self) -> list[WriteRow]:
         """Accepted publishes by generation; each refused one right after the generation it was refused at."""
@@ -212,6 +299,7 @@ def open_stores(
     """
     stores: dict[str, Any] = {"table": open_store(url, table, lock_key=lock_key)}
     stores["sql"] = SqlStore(url, table, lock_key)
+    stores["sql-async"] = AsyncSqlStore(url, table, lock_key)
     if s3_bucket:
         from tests.fencing.s3_server import client_for
 

@@ -17,10 +17,13 @@ Definitions (all times are ``mono``: the machine-wide CLOCK_MONOTONIC, see ``eve
 - ``faults``: faults injected: server kill -9s, worker SIGKILLs and SIGSTOPs, plus the per-request faults
   (503s, drops, delays) the servers report having injected.
 - ``writes``: accepted writes.
+- ``cut_waiter_held``: sections a worker started while it was cut off from its server as a waiter (by a
+  drop or a hold, one way or both: it cannot have seen a grant), counted per cut; must be 0.
 
 Details (not in the one-line summary): takeover time after each SIGKILL of a holder (next section's start
-minus the kill) against its bound ``ttl + 1 + poll``, and the outcome of each SIGSTOP of a holder (did its
-guard report loss, was its late write rejected by fencing).
+minus the kill) against its bound ``ttl + 1 + poll``, the outcome of each SIGSTOP of a holder (did its
+guard report loss, was its late write rejected by fencing), the clock faults, and each cut-off holder
+(did its guard report loss; whether in time is ``late_losses``).
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from .linearizability import Verdict
 
 __all__ = ["STOP_GRACE", "Report", "Section", "StopOutcome", "Takeover", "check", "sections_from_events"]
 
@@ -118,19 +123,35 @@ class Report:
     losses: int = 0
     errors: int = 0
     server_kills: int = 0
+    clock_changes: int = 0
+    holder_cuts: int = 0
+    cut_loss_reported: int = 0
+    waiter_cuts: int = 0
+    cut_waiter_held: int = 0
     takeovers: list[Takeover] = field(default_factory=list)
     stops: list[StopOutcome] = field(default_factory=list)
     overlap_pairs: list[tuple[str, str]] = field(default_factory=list)
     adapters: dict[str, Report] = field(default_factory=dict)
     """The same run checked on each fenced adapter's own record of the writes (``adapter_stores.py``)."""
+    model: Verdict | None = None
+    """The model check of every lock call of the run (``linearizability.py``), when it was made."""
+    mismatches: list[str] = field(default_factory=list)
+    """Answers a client saw that the server's history does not hold (``history.load_ops``)."""
+    unreadable: dict[str, str] = field(default_factory=dict)
+    """Adapters whose own record of the writes could not be read back (e.g. a manifest whose data is gone)."""
 
     def line(self) -> str:
         """Return the one-line summary."""
+        model = "" if self.model is None else f" model_violations={len(self.model.violations)}"
         return (
             f"chaos: handovers={self.handovers} faults={self.faults} writes={self.writes} "
             f"overlaps={self.overlaps} stale_accepted={self.stale_accepted} "
-            f"late_losses={self.late_losses} hangs={self.hangs}"
+            f"late_losses={self.late_losses} hangs={self.hangs}{model}"
         )
+
+    def model_line(self) -> str:
+        """Return the model checker's verdict: operations checked, unknown outcomes, violations."""
+        return "model: not checked" if self.model is None else self.model.line()
 
     def detail_line(self) -> str:
         """Return the details: takeovers after SIGKILL, SIGSTOP outcomes, crashes."""
@@ -147,7 +168,10 @@ class Report:
             f"holder_stops={len(hit)} stop_loss_reported={sum(s.loss_reported for s in hit)} "
             f"late_writes={sum(s.late_writes for s in hit)} "
             f"late_fenceable={sum(s.late_fenceable for s in hit)} "
-            f"late_rejected={sum(s.late_rejected for s in hit)} crashes={self.crashes}"
+            f"late_rejected={sum(s.late_rejected for s in hit)} crashes={self.crashes} "
+            f"clock_changes={self.clock_changes} holder_cuts={self.holder_cuts} "
+            f"cut_loss_reported={self.cut_loss_reported} waiter_cuts={self.waiter_cuts} "
+            f"cut_waiter_held={self.cut_waiter_held}"
         )
 
     def __add__(self, other: Report) -> Report:
@@ -166,6 +190,11 @@ class Report:
             errors=self.errors + other.errors,
             rejected=self.rejected + other.rejected,
             server_kills=self.server_kills + other.server_kills,
+            clock_changes=self.clock_changes + other.clock_changes,
+            holder_cuts=self.holder_cuts + other.holder_cuts,
+            cut_loss_reported=self.cut_loss_reported + other.cut_loss_reported,
+            waiter_cuts=self.waiter_cuts + other.waiter_cuts,
+            cut_waiter_held=self.cut_waiter_held + other.cut_waiter_held,
             takeovers=self.takeovers + other.takeovers,
             stops=self.stops + other.stops,
             overlap_pairs=self.overlap_pairs + other.overlap_pairs,
@@ -173,6 +202,13 @@ class Report:
                 name: self.adapters.get(name, Report()) + other.adapters.get(name, Report())
                 for name in {**self.adapters, **other.adapters}
             },
+            model=other.model
+            if self.model is None
+            else self.model
+            if other.model is None
+            else self.model + other.model,
+            mismatches=self.mismatches + other.mismatches,
+            unreadable={**self.unreadable, **other.unreadable},
         )
 
     def adapter_line(self) -> str:
@@ -185,13 +221,25 @@ class Report:
                 f"{name}: writes={r.writes} rejected_writes={r.rejected} stale_accepted={r.stale_accepted} "
                 f"late_fenceable={fenceable} late_rejected={rejected}"
             )
+        parts += [f"{name}: UNREADABLE ({why})" for name, why in sorted(self.unreadable.items())]
         return "chaos-adapters: " + ("; ".join(parts) or "-")
 
     @property
     def ok(self) -> bool:
         """True when every promised zero is zero and no worker crashed."""
         stale = self.stale_accepted + sum(r.stale_accepted for r in self.adapters.values())
-        return not (self.overlaps or stale or self.late_losses or self.hangs or self.crashes)
+        model_wrong = self.model is not None and not self.model.ok
+        return not (
+            self.overlaps
+            or stale
+            or self.late_losses
+            or self.hangs
+            or self.crashes
+            or model_wrong
+            or self.mismatches
+            or self.cut_waiter_held
+            or self.unreadable
+        )
 
 
 def sections_from_events(events: Iterable[Event], faults: Iterable[Event] = ()) -> list[Section]:
@@ -247,6 +295,23 @@ def _stop_windows(faults: list[Event]) -> dict[str, list[tuple[float, float]]]:
     for target, began in pending.items():  # stopped and never continued (killed): open-ended
         windows.setdefault(target, []).append((began, math.inf))
     return windows
+
+
+def _cut_windows(faults: list[Event]) -> list[tuple[Event, float]]:
+    """Each ``cut`` record with the time its ``heal`` came (infinity if it never did)."""
+    out: list[tuple[Event, float]] = []
+    for i, f in enumerate(faults):
+        if f["ev"] == "cut":
+            heal = next(
+                (
+                    float(h["mono"])
+                    for h in faults[i + 1 :]
+                    if h["ev"] == "heal" and h["target"] == f["target"]
+                ),
+                math.inf,
+            )
+            out.append((f, heal))
+    return out
 
 
 def _excused(
@@ -325,8 +390,10 @@ def check(
     # Faults, hangs, crashes.
     for f in faults:
         kind = f["ev"]
-        if kind in ("server_kill", "worker_kill", "worker_stop"):
+        if kind in ("server_kill", "worker_kill", "worker_stop", "clock", "cut"):
             report.faults += 1
+        if kind == "clock":
+            report.clock_changes += 1
         if kind == "server_kill":
             report.server_kills += 1
         elif kind == "server_injected":
@@ -348,6 +415,20 @@ def check(
         report.takeovers.append(
             Takeover(target, None if nxt is None else nxt.begin - t, victim.ttl + 1.0 + poll)
         )
+
+    # Cuts: a cut-off holder must report its loss (in time: late_losses); a cut-off waiter must not hold.
+    for cut, heal in _cut_windows(faults):
+        target = str(cut["target"])
+        if cut["role"] == "holder":
+            victim = next((s for s in sections if s.worker == target and s.open_at(float(cut["mono"]))), None)
+            if victim is not None:
+                report.holder_cuts += 1
+                report.cut_loss_reported += victim.reported_loss()
+        elif "delay" not in (cut["up"], cut["down"]):  # a delay lets answers through, late
+            report.waiter_cuts += 1
+            report.cut_waiter_held += sum(
+                1 for s in sections if s.worker == target and float(cut["mono"]) <= s.begin < heal
+            )
 
     # SIGSTOP outcomes.
     for target, spans in windows.items():

@@ -29,11 +29,14 @@ from pathlib import Path
 from typing import Any
 
 from tests.fencing.s3_server import MotoServer
+from tests.server.tcpproxy import TcpProxy
 from volcano_locks.server.harness import LocalServer
 
 from .adapter_stores import ADAPTERS, open_stores
 from .checker import Report, check
 from .events import EventLog, clock_is_shared, read_events, read_events_dir
+from .history import load_ops, read_calls, read_server_history
+from .linearizability import Verdict, check_ops
 from .scheduler import Action, plan
 from .worker import HOLD_MAX
 
@@ -69,6 +72,8 @@ class ChaosConfig:
     pg_dsn: str = DEFAULT_PG_DSN
     python: str = sys.executable
     key: str = field(default_factory=lambda: f"chaos-{uuid.uuid4().hex[:12]}")
+    first_cycle: int = 0
+    """Where the plan's rotations start (``scheduler.plan``): each backend of a run gets its own."""
 
 
 @dataclass
@@ -102,6 +107,8 @@ class ChaosRun:
         self._schema = f"chaos_{uuid.uuid4().hex[:10]}"
         self.s3 = MotoServer(python=cfg.python, log=cfg.workdir / "moto.log")
         self.s3_bucket = ""
+        self.proxies: dict[str, TcpProxy] = {}  # each worker reaches its server through its own proxy
+        self._clock = (time.monotonic(), 0.0, 1.0)  # (since, offset then, rate): the servers' clock
 
     # -- set-up -------------------------------------------------------------------------------------------
 
@@ -117,10 +124,18 @@ class ChaosRun:
             dbs = [f"{self.cfg.pg_dsn}{sep}schema={self._schema}"] * 2
         else:
             dbs = [str(self.cfg.workdir / "locks.sqlite3")]
-        for db in dbs:
-            # High quota: the chaos run measures exclusion under faults, not the 600/min budget.
+        for i, db in enumerate(dbs):
+            # High quota: the chaos run measures exclusion under faults, not the 600/min budget. Each
+            # server process appends what it decided to its history (a restart: the same file).
             srv = LocalServer(
-                db=db, secret=secret, quota=1_000_000, admin=True, python=self.cfg.python, log_requests=False
+                db=db,
+                secret=secret,
+                quota=1_000_000,
+                admin=True,
+                python=self.cfg.python,
+                log_requests=False,
+                history=str(self.cfg.workdir / f"history-{i}.jsonl"),
+                startup_timeout=60.0,  # a restart on a loaded machine may take a while: the run waits it out
             )
             self.servers.append(srv.start())
 
@@ -130,11 +145,14 @@ class ChaosRun:
         name = f"w{n}"
         server = n % len(self.servers)
         log = self.cfg.workdir / f"worker-{name}.jsonl"
+        proxy = self.proxies[name] = TcpProxy(("127.0.0.1", self.servers[server].port)).start()
         env = {**os.environ, **self.servers[server].env(), **self.s3.env(), "PYTHONUNBUFFERED": "1"}
+        env["VOLCANO_API_URL"] = proxy.url
         cmd = [
             self.cfg.python, "-m", "tests.chaos.worker",
             "--name", name, "--key", self.cfg.key, "--ttl", str(self.cfg.ttl),
             "--store", self._store_url(), "--table", self.table, "--log", str(log),
+            "--calls", str(self.cfg.workdir / f"calls-{name}.jsonl"),
             "--s3-bucket", self.s3_bucket,
             "--server", str(server), "--seed", str(self.cfg.seed * 1000 + n),
         ]  # fmt: skip
@@ -269,8 +287,57 @@ class ChaosRun:
         self.driver.emit("server_kill", server=index)
         self.timers.append((time.monotonic() + downtime, lambda: self._server_restart(index)))
 
+    def _clock_offset(self) -> float:
+        since, offset, rate = self._clock
+        return offset + (rate - 1.0) * (time.monotonic() - since)
+
+    def _move_clocks(self, params: dict[str, Any]) -> None:
+        """Step or re-rate every server's clock; a server that is down gets it when it restarts."""
+        jump, rate = params.get("jump"), params.get("rate")
+        offset = self._clock_offset() + (jump or 0.0)
+        self._clock = (time.monotonic(), offset, self._clock[2] if rate is None else rate)
+        for srv in self.servers:
+            if srv.running:
+                if rate is not None:
+                    srv.set_clock_rate(rate)
+                if jump is not None:
+                    srv.jump_clock(jump)
+        self.driver.emit("clock", jump=jump, rate=rate, offset=offset)
+
+    def _cut(self, params: dict[str, Any]) -> None:
+        """Cut a holder or a waiter off from its server (see ``scheduler.py``), healed after ``duration``."""
+        if params["target"] == "holder":
+            w = self._wait_for_holder(5.0)
+        else:
+            holding = {h.name for h in self._holders()}
+            waiting = [
+                w
+                for w in self.workers
+                if w.name not in holding and not (w.expected_dead or w.stopped or w.proc.poll() is not None)
+            ]
+            w = waiting[0] if waiting else None
+        if w is None:
+            self.driver.emit("note", text=f"cut: no {params['target']} found")
+            return
+        proxy = self.proxies[w.name]
+        proxy.partition(params["up"], params["down"], delay=params["delay"])
+        self.driver.emit(
+            "cut",
+            target=w.name,
+            role=params["target"],
+            up=params["up"],
+            down=params["down"],
+            delay=params["delay"],
+        )
+        self.timers.append((time.monotonic() + params["duration"], lambda: self._heal(w.name, proxy)))
+
+    def _heal(self, name: str, proxy: TcpProxy) -> None:
+        proxy.heal()
+        self.driver.emit("heal", target=name)
+
     def _server_restart(self, index: int) -> None:
         srv = self.servers[index]
+        srv.clock_offset, srv.clock_rate = self._clock_offset(), self._clock[2]  # as if it had kept running
         srv.start()
         if self.spec:
             srv.set_faults(self.spec)
@@ -289,6 +356,10 @@ class ChaosRun:
             self._worker_stop(a.params["duration"])
         elif a.kind == "server_kill":
             self._server_kill(a.params["server"], a.params["downtime"])
+        elif a.kind == "clock":
+            self._move_clocks(a.params)
+        elif a.kind == "cut":
+            self._cut(a.params)
         else:
             raise ValueError(f"unknown action {a.kind!r}")
 
@@ -333,7 +404,15 @@ class ChaosRun:
             self._start_servers()
             for _ in range(cfg.workers):
                 self._spawn()
-            actions = plan(cfg.seconds, ttl=cfg.ttl, poll=cfg.poll, servers=len(self.servers), seed=cfg.seed)
+            self._await_boot(120.0)
+            actions = plan(
+                cfg.seconds,
+                ttl=cfg.ttl,
+                poll=cfg.poll,
+                servers=len(self.servers),
+                seed=cfg.seed,
+                first_cycle=cfg.first_cycle,
+            )
             t0 = time.monotonic()
             shift = 0.0
             for a in actions:
@@ -351,17 +430,35 @@ class ChaosRun:
             for i in range(len(self.servers)):
                 self._collect_injected(i)
             self.driver.emit("server_injected", count=self._injected)
-            writes = {name: [r.as_dict() for r in s.writes()] for name, s in stores.items()}
+            writes, unreadable = _read_writes(stores)
         finally:
             self._cleanup(stores)
         events = read_events_dir(cfg.workdir)
         faults = list(read_events(cfg.workdir / "faults.jsonl"))
         report = check(events, writes["table"], faults, poll=cfg.poll)
         # The same sections, checked on each adapter's own record of the same attempts.
-        report.adapters = {name: check(events, writes[name], faults, poll=cfg.poll) for name in ADAPTERS}
-        lines = [report.line(), report.detail_line(), report.adapter_line()]
+        report.adapters = {
+            name: check(events, writes[name], faults, poll=cfg.poll) for name in ADAPTERS if name in writes
+        }
+        report.unreadable = unreadable
+        report.model, report.mismatches = model_check(cfg.workdir, faults)
+        lines = [report.line(), report.detail_line(), report.adapter_line(), report.model_line()]
+        lines += report.mismatches[:20] + [v.describe() for v in report.model.violations]
         (cfg.workdir / "report.txt").write_text("\n".join(lines) + "\n")
         return report
+
+    def _await_boot(self, timeout: float) -> None:
+        """Start the plan's clock once every worker is up: on a loaded machine importing the client and the
+        stores takes seconds, and a fault that lands before any worker contends tests nothing."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if all(
+                w.log.exists() and any(e["ev"] == "boot" for e in read_events(w.log)) for w in self.workers
+            ):
+                return
+            self._tick()
+            time.sleep(0.1)
+        self.driver.emit("note", text=f"not every worker had booted after {timeout:.0f} s; starting anyway")
 
     def _drain(self) -> None:
         """Ask every worker to finish; a worker still alive after the bound is a hang."""
@@ -388,6 +485,8 @@ class ChaosRun:
             if w.proc.poll() is None:
                 w.proc.kill()
                 w.proc.wait()
+        for proxy in self.proxies.values():
+            proxy.close()
         for srv in self.servers:
             srv.close()
         self.s3.stop()
@@ -404,6 +503,32 @@ class ChaosRun:
                 print(f"chaos: could not drop schema {self._schema}: {exc}", file=sys.stderr)
         for store in stores.values():
             store.close()
+
+
+def _read_writes(stores: dict[str, Any]) -> tuple[dict[str, list[dict[str, Any]]], dict[str, str]]:
+    """Every store's record of the attempts; an adapter whose record cannot be read back (its data gone)
+    is reported, not fatal: the run's other checks still stand, and the run is not ok."""
+    writes: dict[str, list[dict[str, Any]]] = {}
+    unreadable: dict[str, str] = {}
+    for name, store in stores.items():
+        try:
+            writes[name] = [r.as_dict() for r in store.writes()]
+        except Exception as exc:
+            if name == "table":
+                raise
+            unreadable[name] = f"{type(exc).__name__}: {str(exc)[:300]}"
+    return writes, unreadable
+
+
+def model_check(workdir: Path, faults: list[dict[str, Any]]) -> tuple[Verdict, list[str]]:
+    """Check every lock call of the run in ``workdir`` against the model: the clients' call logs joined with
+    the servers' histories (``history.py``); return the verdict and the answers the servers never logged."""
+    loaded = load_ops(
+        read_calls(workdir), read_server_history(sorted(workdir.glob("history-*.jsonl"))), faults
+    )
+    verdict = check_ops(loaded.ops)
+    verdict.counts = loaded.counts
+    return verdict, loaded.mismatches
 
 
 def postgres_problem(dsn: str) -> str | None:
@@ -443,9 +568,10 @@ def main(argv: list[str] | None = None) -> int:
     total = Report()
     where = ", ".join(backends)
     print(f"chaos: {seconds:.0f} s over {where}, {args.workers} workers, seed {seed}, logs in {base}")
-    for backend in backends:
+    for n, backend in enumerate(backends):
         cfg = ChaosConfig(
             backend=backend,
+            first_cycle=n,
             seconds=seconds / len(backends),
             workdir=base / backend,
             workers=args.workers,
@@ -456,9 +582,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{backend}: {report.line()}")
         print(f"{backend}: {report.detail_line()}")
         print(f"{backend}: {report.adapter_line()}")
+        print(f"{backend}: {report.model_line()}")
+        violations = report.model.violations if report.model is not None else []
+        for text in report.mismatches[:20] + [v.describe() for v in violations]:
+            print(f"{backend}: {text}")
         total = total + report
     print(total.detail_line())
     print(total.adapter_line())
+    print(total.model_line())
     print(total.line(), flush=True)
     return 0 if total.ok else 1
 

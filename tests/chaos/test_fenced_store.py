@@ -1,5 +1,5 @@
-"""The protected resource in each store (the shared table, FencedSQL, FencedS3Prefix): the fencing check and
-the record of every attempt that the checker reads, on SQLite and PostgreSQL (S3: moto)."""
+"""The protected resource in each store (the shared table, FencedSQL, AsyncFencedSQL, FencedS3Prefix): the
+fencing check and the record of every attempt that the checker reads, on SQLite and PostgreSQL (S3: moto)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from .adapter_stores import S3Store, SqlStore
+from .adapter_stores import AsyncSqlStore, S3Store, SqlStore
 from .checker import check
 from .fenced_store import open_store
 
@@ -23,13 +23,15 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return str(request.getfixturevalue("chaos_pg_dsn"))
 
 
-@pytest.fixture(params=["table", "sql", "s3"])
+@pytest.fixture(params=["table", "sql", "sql-async", "s3"])
 def opener(request: pytest.FixtureRequest, store_url: str, chaos_table: str) -> Callable[[], Any]:
     """Opens the resource in one store kind (each call a new handle on the same resource)."""
     if request.param == "table":
         return lambda: open_store(store_url, chaos_table)
     if request.param == "sql":
         return lambda: SqlStore(store_url, chaos_table, "chaos")
+    if request.param == "sql-async":
+        return lambda: AsyncSqlStore(store_url, chaos_table, "chaos")
     if "sqlite" not in request.node.callspec.id:
         pytest.skip("the S3 store does not depend on the database: run once")
     server = request.getfixturevalue("s3_server")

@@ -33,6 +33,7 @@ from volcano_locks import LockContention, OwnershipLost, VolcanoError, VolcanoLo
 
 from .adapter_stores import open_stores
 from .events import EventLog
+from .history import RecordingTransport
 
 __all__ = ["FROZEN_JUMP", "HOLD_MAX", "main"]
 
@@ -69,6 +70,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         help="bucket of the fenced S3 adapter (endpoint: $VOLCANO_TEST_S3_ENDPOINT)",
     )
     p.add_argument("--log", required=True, type=Path)
+    p.add_argument("--calls", type=Path, default=None, help="record every lock call here (history.py)")
     p.add_argument("--server", type=int, default=0, help="index of the server this worker talks to")
     p.add_argument("--seed", type=int, default=0)
     # Holds up to longer than the TTL, so that sections need renewals and stalled renewals cost the lease.
@@ -87,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the worker loop until SIGTERM; return the exit status."""
     args = _parse(argv)
     flags = _Flags()
+    signal.signal(signal.SIGTERM, lambda *_: setattr(flags, "stop", True))  # asked to finish while starting
     rng = random.Random(args.seed)
     log = EventLog(args.log, args.name)
     stores = open_stores(args.store, args.table, args.key, args.s3_bucket)
@@ -103,7 +106,11 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGCONT, on_cont)
 
-    client = VolcanoLocks(timeout=args.timeout)
+    # Every attempt goes through the client's own transport, recorded for the model checker.
+    transport = (
+        None if args.calls is None else RecordingTransport(args.calls, worker=args.name, server=args.server)
+    )
+    client = VolcanoLocks(timeout=args.timeout, transport=transport)
     log.emit("boot", server=args.server, ttl=args.ttl)
     cs = -1
     current: dict[str, Any] = {}
@@ -174,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
         pass
     log.emit("exit")
     client.close()
+    if transport is not None:
+        transport.close()
     for store in stores.values():
         store.close()
     log.close()

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from volcano_locks.server.harness import LocalServer
+from volcano_locks.server.clock import SkewedClock
+from volcano_locks.server.harness import InProcessServer, LocalServer
 
 from .helpers import make_client
 
@@ -29,3 +30,11 @@ def admin_server(volcano_server: LocalServer) -> Iterator[LocalServer]:
         yield volcano_server
     finally:
         volcano_server.set_faults(None)
+
+
+@pytest.fixture
+def movable_server() -> Iterator[InProcessServer]:
+    """A server of this test's own, in this process, whose clock the test steps (`jump_clock`) instead of
+    waiting out a lease for real."""
+    with InProcessServer(clock=SkewedClock(), admin=True, quota=1_000_000) as srv:
+        yield srv

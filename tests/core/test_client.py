@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import time
 import uuid
 from typing import Any
 
@@ -11,7 +10,7 @@ import httpx
 import pytest
 
 from volcano_locks import VolcanoLocks, errors
-from volcano_locks.server.harness import LocalServer
+from volcano_locks.server.harness import InProcessServer, LocalServer
 
 from .helpers import make_client, requests_for
 
@@ -60,13 +59,13 @@ def test_contention_ownership_lost_on_renew_after_force_release(client: Any, uni
 
 
 def test_contention_ownership_lost_on_reacquire_of_lapsing_lease(
-    volcano_server: LocalServer, unique_key: str
+    movable_server: InProcessServer, unique_key: str
 ) -> None:
-    with VolcanoLocks(volcano_server.url, service_key=volcano_server.service_key) as client:
+    with VolcanoLocks(movable_server.url, service_key=movable_server.service_key) as client:
         lease = client.acquire(unique_key, 5)
-        # Aim early in the server's last second before expiry (same machine, same wall clock), leaving
-        # the most room for a late arrival: anything up to the end of the 1 s grace still gets this 409.
-        time.sleep(max(0.0, lease.expires_at.timestamp() - 0.8 - time.time()))
+        # Into the server's last second before expiry, by its clock instead of a 4 s sleep: a re-acquire
+        # there (up to the end of the 1 s grace) gets this 409.
+        movable_server.jump_clock(4.5)
         with pytest.raises(errors.OwnershipLost) as info:
             client.acquire(unique_key, 5, token=lease.token)
         assert info.value.code == "lock_ownership_lost"

@@ -13,6 +13,7 @@ import pytest
 
 from volcano_locks import InvalidRequest, LockContention, LockState, RateLimited, TransportError
 from volcano_locks._steps import Send, Wait
+from volcano_locks.clock import lease_clock
 from volcano_locks.governor import (
     BLACKOUT_SPREAD,
     BUSY_SHARE,
@@ -28,7 +29,7 @@ from volcano_locks.governor import (
     validate_wait_budget,
 )
 from volcano_locks.models import LockLease
-from volcano_locks.waiting import WaitPolicy, _KeyWait, _wait_flow, _Waiter, wake
+from volcano_locks.waiting import SharedPolls, WaitPolicy, _KeyWait, _wait_flow, _Waiter, inform, wake
 
 
 class Clock:
@@ -228,6 +229,79 @@ def test_a_renewing_holders_moving_expiry_does_not_pull_looks_forward() -> None:
     assert flow.send(None) == Send("get")
     step = flow.send(_held(14.0, fencing=4))  # same holder, later expiry: it renews
     assert isinstance(step, Wait) and step.until - clock.now == pytest.approx(20.0)
+
+
+EVENTS = WaitPolicy(poll=1.0, factor=1.6, cap=60.0, at_expiry=True)
+
+
+def test_told_of_releases_the_first_in_line_looks_at_each_expiry_even_of_a_renewing_holder() -> None:
+    clock, entry, waiter = Clock(), _KeyWait("k"), _waiter()
+    flow = _flow(entry, waiter, governor(600, clock), clock, policy=EVENTS)
+    next(flow)
+    step = flow.send(LockContention("held", holder=_held(10.0, fencing=4)))
+    assert isinstance(step, Wait) and step.until - clock.now == pytest.approx(11.1, abs=0.2)
+    clock.now = step.until
+    assert flow.send(None) == Send("get")
+    step = flow.send(_held(14.0, fencing=4))  # it renewed: if it dies now, its lease ends at 14 s
+    assert isinstance(step, Wait) and step.until - clock.now == pytest.approx(15.1, abs=0.2)
+
+
+def test_told_of_releases_an_unknown_expiry_backs_off_to_the_cap_without_resets() -> None:
+    clock, entry, waiter = Clock(), _KeyWait("k"), _waiter()
+    quiet = dataclasses.replace(EVENTS, report_every=math.inf)  # no report horizon cutting the waits
+    flow = _flow(entry, waiter, governor(600, clock), clock, policy=quiet)
+    next(flow)
+    step = flow.send(LockContention("held"))
+    looks = []
+    for _ in range(12):
+        assert isinstance(step, Wait)
+        looks.append(step.until - clock.now)
+        clock.now = step.until
+        assert flow.send(None) == Send("get")
+        step = flow.send(LockState(True, None, None))
+    assert looks[:3] == pytest.approx([1.0, 1.6, 2.56])
+    assert looks[-1] == pytest.approx(60.0)
+
+
+def test_an_announced_holder_moves_the_next_look_to_its_expiry_and_the_others_leave_it_to_the_first() -> None:
+    clock = Clock(lease_clock())
+    gov = governor(600, clock)
+    first, second = _waiter("announced"), _waiter("announced")
+    with (
+        SharedPolls.join("scope-a", "http://x", "cred", first) as entry_a,
+        SharedPolls.join("scope-b", "http://x", "cred", second) as entry_b,
+    ):
+        flow_a = _flow(entry_a, first, gov, clock, policy=EVENTS)
+        flow_b = _flow(entry_b, second, gov, clock, policy=EVENTS)
+        for flow in (flow_a, flow_b):
+            next(flow)
+            flow.send(LockContention("held", holder=_held(3.0, fencing=4)))
+        # A line passes: each acquisition is announced; nobody looks before the new lease's expiry.
+        assert inform("announced", _held(30.0, fencing=5), api_url="http://x", credential_id="cred") == 2
+        assert inform("announced", _held(30.0, fencing=4), api_url="http://x") == 0  # older: nothing now
+        step = flow_a.send(None)
+        assert isinstance(step, Wait) and step.until - clock.now == pytest.approx(31.0, abs=0.3)
+        inform("announced", _held(30.0, fencing=6), api_url="http://x", behind=2.0)  # for b: second in line
+        step = flow_b.send(None)
+        assert isinstance(step, Wait) and step.until - clock.now == pytest.approx(33.0, abs=0.3)
+        clock.now = step.until
+        assert flow_b.send(None) == Send("get")
+        step = flow_b.send(_held(40.0, fencing=6))  # it renewed: its expiry is the first's to watch
+        assert isinstance(step, Wait) and step.until - clock.now == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    ("holder", "behind", "named"),
+    [
+        (LockState(True, None, 5), 0.0, "expires_at"),
+        (LockState(False), 0.0, "held=False"),
+        (LockState(True, NOW, 5), -1.0, "-1.0"),
+        (LockState(True, NOW, 5), math.inf, "inf"),
+    ],
+)
+def test_inform_refuses_what_it_cannot_use(holder: LockState, behind: float, named: str) -> None:
+    with pytest.raises(InvalidRequest, match=named):
+        inform("k", holder, behind=behind)
 
 
 def test_a_lock_seen_free_is_acquired_next_ahead_of_the_budget() -> None:

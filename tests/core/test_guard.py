@@ -107,11 +107,14 @@ def test_block_exception_takes_precedence_over_loss(sync_client: VolcanoLocks, u
         _ = 1 / 0
 
 
-def test_release_failure_is_raised_last(
+def test_refused_release_is_retried_not_raised(
     admin_server: LocalServer, sync_client: VolcanoLocks, unique_key: str
 ) -> None:
-    with pytest.raises(ServerError), sync_client.with_lock(unique_key, 30):
+    with sync_client.with_lock(unique_key, 30) as guard:
         admin_server.set_faults("status=500:count=1:op=release")
+    assert guard.release_outcome is not None and guard.release_outcome.released
+    assert isinstance(guard.release_outcome.error, ServerError)
+    assert sync_client.get(unique_key).held is False
     admin_server.set_faults("status=500:count=1:op=release")
     with pytest.raises(KeyError), sync_client.with_lock(unique_key + "b", 30):
         raise KeyError("block wins")

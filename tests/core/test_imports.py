@@ -240,3 +240,64 @@ def test_integrations_keep_no_copy_of_the_key_grammar_or_the_ttl_bounds(package:
         text = path.read_text()
         for what, pattern in rules.items():
             assert not pattern.search(text), f"{path.relative_to(REPO)} keeps its own copy of {what}"
+
+
+def _core_imports(package: str) -> Iterator[tuple[str, str, str]]:
+    """Every ``(file, module, name)`` that ``package`` imports from the core, wherever the import is."""
+    for path in sorted((REPO / package).rglob("*.py")):
+        for node in _import_nodes(ast.parse(path.read_text())):
+            where = str(path.relative_to(REPO))
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.split(".")[0] == "volcano_locks":
+                        yield where, alias.name, "*"
+            elif node.module is not None and node.module.split(".")[0] == "volcano_locks" and not node.level:
+                for alias in node.names:
+                    yield where, node.module, alias.name
+
+
+@pytest.mark.parametrize("package", ["airflow_provider_volcano", "prefect_volcano"])
+def test_integrations_take_from_the_core_only_what_it_declares_for_them(package: str) -> None:
+    """The core's front door (``volcano_locks.__all__``) and ``volcano_locks.integration``, nothing else."""
+    declared = {
+        "volcano_locks": {*_all_of(REPO / "volcano_locks" / "__init__.py"), "__version__"},
+        "volcano_locks.integration": _all_of(REPO / "volcano_locks" / "integration.py"),
+        # The user-facing packages: their __all__ is public API, as users import it.
+        "volcano_locks.once": _all_of(REPO / "volcano_locks" / "once" / "__init__.py"),
+        "volcano_locks.fencing": _all_of(REPO / "volcano_locks" / "fencing" / "__init__.py"),
+    }
+    taken = list(_core_imports(package))
+    assert taken, f"{package} imports nothing from the core: the test reads the wrong files"
+    stray = [
+        f"{where}: from {module} import {name}"
+        for where, module, name in taken
+        if name not in declared.get(module, ())
+    ]
+    assert stray == [], "imports past the core's declared names:\n" + "\n".join(stray)
+
+
+def _all_of(path: Path) -> set[str]:
+    """The names a module lists in ``__all__`` (literals, or the names of the tables it is built from)."""
+    tree = ast.parse(path.read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
+            names: set[str] = set()
+            for const in ast.walk(node.value):
+                if isinstance(const, ast.Constant) and isinstance(const.value, str):
+                    names.add(const.value)
+            if "_FROM" in ast.unparse(node.value):  # volcano_locks.integration: sorted(_FROM)
+                names |= _dict_keys(tree, "_FROM")
+            if "_LAZY" in ast.unparse(node.value):  # volcano_locks: its lazily loaded names
+                names |= _dict_keys(tree, "_LAZY")
+            if "_errors.__all__" in ast.unparse(node.value):
+                names |= _all_of(path.parent / "errors.py")
+            return names
+    raise AssertionError(f"{path} has no __all__")
+
+
+def _dict_keys(tree: ast.Module, name: str) -> set[str]:
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == name for t in node.targets):
+            assert isinstance(node.value, ast.Dict)
+            return {k.value for k in node.value.keys if isinstance(k, ast.Constant)}
+    raise AssertionError(f"no {name} in the module")

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from volcano_locks import AsyncVolcanoLocks, InvalidRequest, LockState, RateLimited, VolcanoLocks, WaitTimeout
-from volcano_locks.server.harness import LocalServer
+from volcano_locks.server.harness import InProcessServer, LocalServer
 from volcano_locks.waiting import FLOOR, JITTER, SharedPolls, poll_delay
 
 NOW = datetime(2026, 11, 29, 10, 0, 0, tzinfo=UTC)
@@ -51,12 +51,18 @@ def test_bad_arguments(volcano_server: LocalServer) -> None:
 # ------------------------------------------------------------------------------- against the server
 
 
-def test_waits_for_expiry_then_acquires(volcano_server: LocalServer, unique_key: str) -> None:
-    with VolcanoLocks(volcano_server.url, service_key=volcano_server.service_key) as client:
+def test_waits_for_expiry_then_acquires(movable_server: InProcessServer, unique_key: str) -> None:
+    with VolcanoLocks(movable_server.url, service_key=movable_server.service_key) as client:
         holder = client.acquire(unique_key, 5)  # never renewed: lapses after 5 s (+1 s grace)
-        lease = client.wait_acquire(unique_key, 30, timeout=20, poll=2.0)
+        # The server's clock, not a 6 s sleep, runs the lease out while the waiter looks.
+        lapse = threading.Timer(0.5, movable_server.jump_clock, args=(6.5,))
+        lapse.start()
+        try:
+            lease = client.wait_acquire(unique_key, 30, timeout=20, poll=1.0)
+        finally:
+            lapse.join()
         assert lease.fencing_token > holder.fencing_token
-        assert client.requests_sent <= 12  # one look per ~2 s or at expiry + grace, not a busy loop
+        assert client.requests_sent <= 12  # one look per ~1 s or at expiry + grace, not a busy loop
         client.release(unique_key, lease)
 
 

@@ -20,9 +20,18 @@ from volcano_locks.server import LocalServer
 # command in the README -> (the file that runs it, what that file must contain)
 _WHEEL = f"dist/volcano_locks-{__version__}-py3-none-any.whl"
 COMMANDS = {
-    "make demo": ("tests/e2e/test_demo.py", '"scripts" / "demo.py"'),
+    "make demo": ("tests/e2e/test_demo.py", '["make", "demo"]'),
     "make test": (".ci/run", "make test"),
-    "make dist": ("tests/packaging/conftest.py", '"dist", f"DIST_DIR={out}"'),
+    "make dist": ("tests/packaging/conftest.py", 'make("dist"'),
+    "python3 -m venv .venv && . .venv/bin/activate": (
+        "tests/packaging/test_install.py",
+        "def test_the_readme_first_lock_path_from_a_fresh_venv",
+    ),
+    f"pip install '{_WHEEL}[server]'": (
+        "tests/packaging/test_install.py",
+        "def test_the_readme_first_lock_path_from_a_fresh_venv",
+    ),
+    "airflow dags test daily_rollup": ("tests/airflow/test_readme_example.py", "dag.test()"),
     f"pip install '{_WHEEL}[airflow]' -c dist/constraints-airflow.txt": (
         "tests/packaging/test_install.py",
         "def test_airflow_extra_installs_with_pip",
@@ -41,7 +50,7 @@ COMMANDS = {
     ),
 }
 COMMANDS_STARTING = {
-    "export AIRFLOW_CONN_VOLCANO_DEFAULT=": ("tests/airflow/test_readme_example.py", "readme_connection()"),
+    "export AIRFLOW_CONN_VOLCANO_DEFAULT=": ("tests/airflow/test_readme_example.py", "readme_connection("),
 }
 # a string only one Python block contains -> the test file that executes that block
 PYTHON_BLOCKS = {
@@ -108,22 +117,19 @@ def test_every_readme_python_block_is_executed_by_a_test() -> None:
     assert {b.lang for b in blocks()} <= {"bash", "python"}
 
 
-def test_the_readme_core_example_holds_the_lock_and_hands_its_fencing_token_over(
+def test_the_readme_first_lock_holds_the_lock_while_it_prints_the_fencing_token(
     readme_server: LocalServer,
 ) -> None:
-    seen: list[tuple[int, LockState]] = []
+    seen: list[tuple[str, LockState]] = []
 
-    def run_report(fencing_token: int) -> None:
+    def print(*args: object) -> None:  # the block's print, run while the lock is held
         with VolcanoLocks() as other:
-            seen.append((fencing_token, other.get("daily-report")))
+            seen.append((" ".join(map(str, args)), other.get("daily-report")))
 
-    exec(
-        compile(python_block('client.with_lock("daily-report"'), "README.md", "exec"),
-        {"run_report": run_report},
-    )
+    exec(compile(python_block('client.with_lock("daily-report"'), "README.md", "exec"), {"print": print})
 
-    ((token, state),) = seen
-    assert state.held and state.fencing_token == token
+    ((printed, state),) = seen
+    assert state.held and printed == f"holding daily-report with fencing token {state.fencing_token}"
     with VolcanoLocks() as client:
         assert not client.get("daily-report").held  # released on exit
 
@@ -144,8 +150,9 @@ def test_serve_prints_the_three_variables_the_readme_says(tmp_path: Path) -> Non
             printed.append(line.strip())
             if line.strip() == "ready":
                 break
-        names = {line.split("=", 1)[0] for line in printed if "=" in line}
-        assert {"VOLCANO_API_URL", "VOLCANO_ANON_KEY", "VOLCANO_SERVICE_KEY"} <= names, printed
+        exported = {line.split("=", 1)[0] for line in printed if line.startswith("export ")}
+        names = {"VOLCANO_API_URL", "VOLCANO_ANON_KEY", "VOLCANO_SERVICE_KEY"}
+        assert exported == {f"export {name}" for name in names}, printed
     finally:
         proc.terminate()
         proc.communicate(timeout=10)

@@ -6,26 +6,17 @@ session. The helpers live in `helpers`.
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 
-from tests.packaging.helpers import PIP_INSTALL_PROPERTY, REPO, Dist
+from tests.packaging.helpers import PIP_INSTALL_PROPERTY, Dist
+from tests.support.newcomer import make
 
 
 @pytest.fixture(scope="session")
 def dist(tmp_path_factory: pytest.TempPathFactory) -> Dist:
     """`make dist` into a temporary directory (never the checkout's dist/), then what it made."""
     out = tmp_path_factory.mktemp("dist")
-    done = subprocess.run(
-        ["make", "-s", "dist", f"DIST_DIR={out}"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, f"make dist failed:\n{done.stdout}\n{done.stderr}"
+    make("dist", timeout=300, DIST_DIR=str(out))
     wheels = sorted(out.glob("volcano_locks-*-py3-none-any.whl"))
     sdists = sorted(out.glob("volcano_locks-*.tar.gz"))
     assert len(wheels) == 1 and len(sdists) == 1, sorted(p.name for p in out.iterdir())

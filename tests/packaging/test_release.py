@@ -5,12 +5,15 @@ The artifacts are `make dist`'s (the session fixture ``dist``); test_install is 
 
 from __future__ import annotations
 
+import importlib
 import re
 import subprocess
 import sys
 import tarfile
 import tomllib
 import zipfile
+from email import message_from_bytes
+from email.message import Message
 from importlib.metadata import version
 from pathlib import PurePosixPath
 
@@ -18,6 +21,7 @@ import yaml
 
 from tests.packaging.helpers import REPO, Dist
 from volcano_locks import __version__
+from volcano_locks.extras import EXTRA_MODULES
 
 PACKAGES = ("volcano_locks", "airflow_provider_volcano", "prefect_volcano")
 
@@ -93,3 +97,58 @@ def test_the_wheel_holds_the_three_packages_their_license_and_no_tests(dist: Dis
     ]
     assert tests == []
     assert f"volcano_locks-{__version__}.dist-info/licenses/LICENSE" in names
+
+
+def _metadata(dist: Dist) -> Message:
+    with zipfile.ZipFile(dist.wheel) as wheel:
+        name = next(n for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))
+        return message_from_bytes(wheel.read(name))
+
+
+def _requirements_of(metadata: Message, extra: str) -> dict[str, set[str]]:
+    """Requires-Dist entries of one extra: distribution name -> the extras it asks of that distribution."""
+    found: dict[str, set[str]] = {}
+    for line in metadata.get_all("Requires-Dist") or []:
+        requirement, _, marker = line.partition(";")
+        if re.search(rf"""extra\s*==\s*['"]{re.escape(extra)}['"]""", marker):
+            match = re.match(r"\s*([A-Za-z0-9._-]+)\s*(?:\[([^\]]*)\])?", requirement)
+            assert match, line
+            found[match.group(1).lower()] = {
+                e.strip() for e in (match.group(2) or "").split(",") if e.strip()
+            }
+    return found
+
+
+def test_the_wheel_tells_indexes_and_tools_what_it_is(dist: Dist) -> None:
+    metadata = _metadata(dist)
+    assert metadata["Name"] == "volcano-locks" and metadata["Version"] == __version__
+    classifiers = set(metadata.get_all("Classifier") or [])
+    assert {
+        "Framework :: Apache Airflow",
+        "Framework :: Apache Airflow :: Provider",
+        "Programming Language :: Python :: 3.11",
+        "Typing :: Typed",
+    } <= classifiers, sorted(classifiers)
+    urls = dict(url.split(", ", 1) for url in metadata.get_all("Project-URL") or [])
+    assert urls and all(url.startswith("https://") for url in urls.values()), urls
+    keywords = set(metadata["Keywords"].split(","))
+    assert {"airflow", "prefect", "lock", "fencing-token"} <= keywords, keywords
+    assert metadata["Requires-Python"] == ">=3.11"
+
+
+def test_the_orchestrator_extras_bring_no_part_of_the_local_server(dist: Dist) -> None:
+    metadata = _metadata(dist)
+    assert _requirements_of(metadata, "airflow") == {"apache-airflow": set()}
+    assert _requirements_of(metadata, "prefect") == {"prefect": set()}
+    # The server's extra is what volcano_locks.extras checks for before the server starts (one list each,
+    # held together here): every distribution it names, psycopg's pool included. psycopg's binary is
+    # installed too, but psycopg can use a system libpq instead, so its absence is not checked.
+    server = _requirements_of(metadata, "server")
+    installed = set(server) | {f"{name}-{extra}" for name, extras in server.items() for extra in extras}
+    assert set(EXTRA_MODULES["server"].values()) == installed - {"psycopg-binary"}
+
+
+def test_each_package_has_the_distributions_version() -> None:
+    # The Airflow provider's package imports without Airflow: everything else in it is imported lazily.
+    for package in PACKAGES:
+        assert importlib.import_module(package).__version__ == __version__, package

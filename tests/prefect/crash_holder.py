@@ -1,6 +1,6 @@
 """A flow run in its own process that takes a lock and holds it until killed (run by test_board.py).
 
-Usage: python crash_holder.py KEY
+Usage: python crash_holder.py KEY [TTL]   (TTL: seconds, default 5)
 Prints "HOLDING <fencing token> <flow run id>" once inside (the lock's current view is written beside it).
 """
 
@@ -15,9 +15,10 @@ from prefect.runtime import flow_run
 from prefect_volcano import current_lease, locked_task
 
 KEY = sys.argv[1]
+TTL = int(sys.argv[2]) if len(sys.argv) > 2 else 5
 
 
-@locked_task(KEY, ttl=5)
+@locked_task(KEY, ttl=TTL)
 @task
 def hold() -> None:
     print(f"HOLDING {current_lease().fencing_token} {flow_run.id}", flush=True)

@@ -63,11 +63,14 @@ def load_flow_module(stem: str) -> ModuleType:
 
 
 @contextmanager
-def prefect_server(home: Path, *, services: bool = True) -> Iterator[str]:
+def prefect_server(
+    home: Path, *, services: bool = True, database_url: str | None = None, start_timeout: float = 120.0
+) -> Iterator[str]:
     """A real ``prefect server start`` (with its UI) on a free loopback port; yields its base URL.
 
-    Its home and SQLite database are in ``home``. ``services=False`` runs none of the server's
-    background services (the lease repossessor among them).
+    Its home and SQLite database are in ``home`` (``database_url``: another database, e.g.
+    ``postgresql+asyncpg://...``). ``services=False`` runs none of the server's background services
+    (the lease repossessor among them).
     """
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -77,7 +80,7 @@ def prefect_server(home: Path, *, services: bool = True) -> Iterator[str]:
         os.environ,
         PREFECT_HOME=str(home),
         PREFECT_SERVER_ANALYTICS_ENABLED="false",
-        PREFECT_API_DATABASE_CONNECTION_URL=f"sqlite+aiosqlite:///{home / 'prefect.db'}",
+        PREFECT_API_DATABASE_CONNECTION_URL=database_url or f"sqlite+aiosqlite:///{home / 'prefect.db'}",
         PREFECT_API_URL=f"{base}/api",
         PREFECT_UI_API_URL=f"{base}/api",
     )
@@ -90,7 +93,7 @@ def prefect_server(home: Path, *, services: bool = True) -> Iterator[str]:
         stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + start_timeout
         while True:
             try:
                 if httpx.get(f"{base}/api/health", timeout=2).status_code == 200:
@@ -184,14 +187,18 @@ def run_logs(state: State[Any]) -> str:
     return "\n".join(log.message for log in logs)
 
 
-def lock_events(key: str, names: list[str], timeout: float = 30.0) -> list[Event]:
+PROJECT = "local"
+"""The Volcano project of the local server's default keys (`LocalServer.project`)."""
+
+
+def lock_events(key: str, names: list[str], timeout: float = 30.0, project: str = PROJECT) -> list[Event]:
     """The events of lock `key`, oldest first, once every name in `names` has arrived (bounded wait)."""
     EventsWorker.drain_all(timeout=10)
     deadline = time.monotonic() + timeout
     with get_client(sync_client=True) as client:
         while True:
             page = client.read_events(
-                EventFilter(resource=EventResourceFilter(id=[lock_resource_id(key)])), limit=50
+                EventFilter(resource=EventResourceFilter(id=[lock_resource_id(key, project)])), limit=50
             )
             events = sorted(page.events, key=lambda e: e.occurred)
             seen = [e.event for e in events]

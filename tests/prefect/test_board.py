@@ -45,7 +45,7 @@ from prefect_volcano import (
 )
 from prefect_volcano._board import LockBoard, RunFacts
 from prefect_volcano._report import LossReport
-from tests.prefect.helpers import assert_no_secret, lock_events, related_ids, token_flow
+from tests.prefect.helpers import PROJECT, assert_no_secret, lock_events, related_ids, token_flow
 from volcano_locks import ErrorCode, LeaseFacts, LockLease, OwnershipLost, VolcanoLocks
 
 pytestmark = pytest.mark.usefixtures("volcano_env")
@@ -73,7 +73,7 @@ def current_view(lock_key: str) -> dict[str, Any] | None:
     with get_client(sync_client=True) as client:
         found = client.read_latest_artifacts(
             artifact_filter=ArtifactCollectionFilter(
-                key=ArtifactCollectionFilterKey(any_=[artifact_key(lock_key)])
+                key=ArtifactCollectionFilterKey(any_=[artifact_key(lock_key, PROJECT)])
             ),
             limit=1,
         )
@@ -96,11 +96,11 @@ def current_view(lock_key: str) -> dict[str, Any] | None:
 def test_artifact_keys_fit_prefects_grammar_and_keep_keys_apart(lock_key: str) -> None:
     from prefect.client.schemas.actions import ArtifactCreate
 
-    key = artifact_key(lock_key)
+    key = artifact_key(lock_key, PROJECT)
     assert re.fullmatch(r"[a-z0-9-]+", key) and key.startswith(ARTIFACT_KEY_PREFIX)
     ArtifactCreate(key=key)  # Prefect's own validation accepts it
     others = {"rollup:EU", "rollup-eu", "Rollup:eu"} - {lock_key}
-    assert key not in {artifact_key(o) for o in others}
+    assert key not in {artifact_key(o, PROJECT) for o in others}
 
 
 def test_a_loss_before_the_local_deadline_is_a_force_release() -> None:
@@ -308,15 +308,15 @@ def test_a_release_recorded_during_the_recheck_is_no_lapse_and_a_late_release_is
     old_lease = LeaseFacts(unique_key, 3, t0, t0 + timedelta(seconds=30), 30)
     early = LeaseFacts(unique_key, 4, t0 + timedelta(seconds=5), t0 + timedelta(seconds=35), 30)
     late = LeaseFacts(unique_key, 4, t0 + timedelta(seconds=40), t0 + timedelta(seconds=70), 30)
-    old = LockBoard(unique_key, RunFacts(flow_run_id=str(uuid.uuid4()), flow_run_name="old-holder"))
+    old = LockBoard(unique_key, PROJECT, RunFacts(flow_run_id=str(uuid.uuid4()), flow_run_name="old-holder"))
 
     old.held(old_lease)
-    releasing = LockBoard(unique_key, RunFacts(), sleeper=lambda _s: old.released(old_lease))
+    releasing = LockBoard(unique_key, PROJECT, RunFacts(), sleeper=lambda _s: old.released(old_lease))
     assert releasing.previous_holder(early) is None  # its release landed while we re-checked
 
     old.held(old_lease)
     sleeps: list[float] = []
-    board = LockBoard(unique_key, RunFacts(flow_run_name="new-holder"), sleeper=sleeps.append)
+    board = LockBoard(unique_key, PROJECT, RunFacts(flow_run_name="new-holder"), sleeper=sleeps.append)
     before = board.previous_holder(early)
     assert before is not None and sleeps == [1.0]
     assert before["how"] == "ended before its expiry" and before["flow_run_name"] == "old-holder"
@@ -337,7 +337,7 @@ def test_an_unreachable_prefect_api_never_fails_the_lock(
     def broken() -> Any:
         raise httpx.ConnectError("no Prefect API here")
 
-    board = LockBoard(unique_key, RunFacts(), client=broken)
+    board = LockBoard(unique_key, PROJECT, RunFacts(), client=broken)
     now = datetime.now(UTC)
     lease = LeaseFacts(unique_key, 1, now, now + timedelta(seconds=30), 30)
     with caplog.at_level(logging.WARNING, logger="prefect_volcano.board"):

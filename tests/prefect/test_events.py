@@ -16,6 +16,7 @@ from prefect_volcano import (
     locked_task,
 )
 from tests.prefect.helpers import (
+    PROJECT,
     assert_no_secret,
     collecting_flow,
     force_release_when,
@@ -48,7 +49,8 @@ def test_acquired_released_and_skipped_events_name_the_lock_and_the_runs(
         "volcano.lock.skipped",
     ]
     acquired, released, skip = (by_name[f"volcano.lock.{n}"] for n in ("acquired", "released", "skipped"))
-    assert acquired.resource.id == f"volcano.lock.{unique_key}"
+    assert acquired.resource.id == f"volcano.lock.{PROJECT}/{unique_key}"
+    assert acquired.resource["volcano.project"] == PROJECT
     assert acquired.resource["volcano.lock.key"] == unique_key
     assert acquired.payload["fencing_token"] == token and acquired.payload["ttl"] == 30
     assert released.payload == {"fencing_token": token}

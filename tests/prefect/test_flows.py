@@ -17,7 +17,14 @@ from volcano_locks.fencing import FencedTable, StaleFencingToken
 
 pytestmark = pytest.mark.usefixtures("volcano_env")
 
-TESTED = {"leader_rollup", "regional_fanout", "fenced_pipeline", "nightly_pipeline", "fenced_lake"}
+TESTED = {
+    "leader_rollup",
+    "regional_fanout",
+    "fenced_pipeline",
+    "nightly_pipeline",
+    "fenced_lake",
+    "once_totals",
+}
 
 
 def test_every_flow_has_a_test() -> None:
@@ -138,3 +145,19 @@ def test_fenced_lake_publishes_to_the_warehouse_and_the_lake_under_one_lease(
     state = module.fenced_lake(day, return_state=True)
     assert_failed_with(state, StaleFencingToken, f"sales:{day}")
     assert stores.stored(day) == ({newer.fencing_token}, newer.fencing_token)  # nothing of the refused run
+
+
+def test_once_totals_does_a_day_once_and_a_second_deployment_run_is_a_duplicate(
+    unique_key: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("VOLCANO_EXAMPLES_SQLALCHEMY_URL", f"sqlite:///{tmp_path / 'totals.sqlite3'}")
+    module = load_flow_module("once_totals")
+    module.ledger.cache_clear()
+    first = module.once_totals("2026-12-01", unique_key)
+    assert first["duplicate"] is False and first["result"] == {"day": "2026-12-01", "total": 14}
+    second = module.once_totals("2026-12-01", unique_key)  # the same day, started again
+    assert second["duplicate"] is True and second["result"] == {"day": "2026-12-01", "total": 14}
+    assert "prefect flow_run_id=" in second["message"]
+    record = module.ledger().lookup("daily-totals:2026-12-01")
+    assert record is not None and record.who.orchestrator == "prefect"
+    module.ledger.cache_clear()

@@ -8,6 +8,7 @@ the reason, where Playwright or Debian's chromium is missing (CI installs `chrom
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
+from prefect_volcano import SKIPPED_TAG
 from tests.prefect.helpers import prefect_server
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -34,7 +36,7 @@ def prefect_ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A Prefect server with its UI; yields the base URL."""
     home = tmp_path_factory.mktemp("prefect-ui-home")
     try:
-        with prefect_server(home, services=False) as base:
+        with prefect_server(home, services=False, start_timeout=600) as base:
             # The server registers installed collections' blocks at startup (prefect.collections entry point).
             slugs = [b["slug"] for b in httpx.post(f"{base}/api/block_types/filter", json={}).json()]
             assert "volcano-credentials" in slugs
@@ -86,6 +88,79 @@ def test_create_form_fields_and_the_saved_key_is_masked(prefect_ui: str) -> None
             browser.close()
 
 
+def _row(page: Any, name: str) -> str:
+    """The text of the innermost list row showing run `name` with its state."""
+    rows = page.locator("div, li, tr", has_text=name).filter(has_text=re.compile("Completed|Running"))
+    return str(rows.last.inner_text())
+
+
+def _saved(base: str, name: str) -> list[dict[str, Any]]:
+    return [b for b in httpx.post(f"{base}/api/block_documents/filter", json={}).json() if b["name"] == name]
+
+
+def _fill_create_form(page: Any, base: str, name: str, api_url: str | None, budget: str | None) -> None:
+    page.goto(f"{base}/blocks/catalog/volcano-credentials/create", wait_until="networkidle")
+    form = page.locator("form")
+    form.locator("input[type=text]").first.fill(name)
+    if api_url is not None:
+        form.locator("textarea").nth(0).fill(api_url)
+    form.locator("textarea").nth(1).fill(SERVICE_KEY)
+    if budget is not None:  # the last number input: the waiting budget (the timeout comes before it)
+        form.locator("input[type=number]").last.fill(budget)
+    page.get_by_role("button", name="Create").click()
+    page.wait_for_timeout(1500)  # time for a (wrong) save to land; the form's own check is at once
+
+
+def test_the_form_refuses_a_waiting_budget_of_0(prefect_ui: str) -> None:
+    """The form checks the schema's bounds (`minimum` 1): a budget of 0 is refused, nothing saved."""
+    import uuid
+
+    name = f"refused-{uuid.uuid4().hex[:8]}"
+    with playwright_sync.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 1100})
+            _fill_create_form(page, prefect_ui, name, None, "0")
+            assert _saved(prefect_ui, name) == []
+            shown = page.locator("form").inner_text()
+            assert "greater than or equal to 1" in shown or "at least 1" in shown, shown
+            page.screenshot(path=str(SCREENSHOTS / "prefect-volcano-credentials-refused-budget.png"))
+            _fill_create_form(page, prefect_ui, name, None, "1")  # the same form, corrected, saves
+            assert len(_saved(prefect_ui, name)) == 1
+        finally:
+            browser.close()
+
+
+def test_a_url_without_a_scheme_is_refused_with_its_value_named(prefect_ui: str) -> None:
+    """Prefect's block form checks only a field's bounds and lengths (its schema-form rules in the UI
+    bundle: required, min/max, exclusive bounds), never a `pattern`, so it saves a URL without a scheme;
+    the block then refuses to load, naming the value and the fix. This test fails the day the form
+    checks the pattern the block's schema carries: then the form refuses it, and the docs change."""
+    import uuid
+
+    from prefect_volcano import VolcanoCredentials
+
+    name = f"no-scheme-{uuid.uuid4().hex[:8]}"
+    with playwright_sync.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 1100})
+            _fill_create_form(page, prefect_ui, name, "api.volcano.dev", None)
+            (saved,) = _saved(prefect_ui, name)
+            assert saved["data"]["api_url"] == "api.volcano.dev"
+        finally:
+            browser.close()
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with (
+        temporary_settings(updates={PREFECT_API_URL: f"{prefect_ui}/api"}),
+        pytest.raises(RuntimeError, match="due to failed validation") as refused,
+    ):
+        VolcanoCredentials.load(name)
+    cause = refused.value.__cause__ or refused.value.__context__
+    assert "api.volcano.dev" in str(cause) and "should match pattern" in str(cause), cause
+
+
 BOARD_DEMO = Path(__file__).with_name("board_demo.py")
 
 
@@ -95,6 +170,7 @@ def test_lock_current_view_and_a_skipped_run_in_the_deployment_runs_tab(
     import uuid
 
     from prefect_volcano import artifact_key
+    from tests.prefect.helpers import PROJECT
 
     key = f"nightly-rollup:{uuid.uuid4().hex[:6]}"
     env = dict(os.environ)
@@ -130,7 +206,7 @@ def test_lock_current_view_and_a_skipped_run_in_the_deployment_runs_tab(
                     page = browser.new_page(viewport={"width": 1280, "height": 900})
                     (latest,) = httpx.post(
                         f"{prefect_ui}/api/artifacts/latest/filter",
-                        json={"artifacts": {"key": {"any_": [artifact_key(key)]}}},
+                        json={"artifacts": {"key": {"any_": [artifact_key(key, PROJECT)]}}},
                     ).json()
                     page.goto(
                         f"{prefect_ui}/artifacts/artifact/{latest['latest_id']}", wait_until="networkidle"
@@ -141,22 +217,30 @@ def test_lock_current_view_and_a_skipped_run_in_the_deployment_runs_tab(
                     assert volcano_server.service_key not in page.content()
                     page.screenshot(path=str(SCREENSHOTS / "prefect-lock-current-view.png"), full_page=True)
 
-                    page.goto(f"{prefect_ui}/artifacts/key/{artifact_key(key)}", wait_until="networkidle")
+                    page.goto(
+                        f"{prefect_ui}/artifacts/key/{artifact_key(key, PROJECT)}", wait_until="networkidle"
+                    )
                     page.get_by_text(f"Volcano lock {key}").first.wait_for(timeout=20_000)
                     page.screenshot(path=str(SCREENSHOTS / "prefect-lock-history.png"))
 
                     page.goto(f"{prefect_ui}/artifacts", wait_until="networkidle")
-                    page.get_by_text(artifact_key(key)).first.wait_for(timeout=20_000)
+                    page.get_by_text(artifact_key(key, PROJECT)).first.wait_for(timeout=20_000)
                     page.screenshot(path=str(SCREENSHOTS / "prefect-lock-artifacts-page.png"))
 
-                    page.goto(
-                        f"{prefect_ui}/deployments/deployment/{deployment_id}?tab=Runs",
-                        wait_until="networkidle",
-                    )
-                    page.get_by_text(skipped["name"]).first.wait_for(timeout=20_000)
-                    shown = page.locator("body").inner_text()
-                    assert holder["name"] in shown and skipped["name"] in shown
-                    page.screenshot(path=str(SCREENSHOTS / "prefect-deployment-runs-skipped.png"))
+                    for where, shot in (
+                        (
+                            f"deployments/deployment/{deployment_id}?tab=Runs",
+                            "prefect-deployment-runs-skipped.png",
+                        ),
+                        ("runs", "prefect-flow-runs-skipped.png"),
+                    ):
+                        page.goto(f"{prefect_ui}/{where}", wait_until="networkidle")
+                        page.get_by_text(skipped["name"]).first.wait_for(timeout=20_000)
+                        row = _row(page, skipped["name"])
+                        assert SKIPPED_TAG in row, (where, row)  # told apart at a glance: the tag
+                        assert "Completed" in row, (where, row)
+                        assert SKIPPED_TAG not in _row(page, holder["name"]), where
+                        page.screenshot(path=str(SCREENSHOTS / shot))
                 finally:
                     browser.close()
         finally:

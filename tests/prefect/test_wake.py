@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ from tests.prefect.helpers import token_flow
 pytestmark = pytest.mark.usefixtures("volcano_env")
 
 HOLDER = Path(__file__).with_name("wake_holder.py")
+CRASH_HOLDER = Path(__file__).with_name("crash_holder.py")
 
 
 def _wait_behind_a_holder_in_another_process(key: str, env: dict[str, str]) -> tuple[int, int]:
@@ -73,6 +76,90 @@ def test_without_events_the_waiter_still_gets_the_lock_by_polling(
     assert records == []  # no subscription was made
 
 
+def _lock_requests(server: Any, key: str) -> list[dict[str, Any]]:
+    return [r for r in server.requests() if r.get("path", "").startswith(f"/locks/{key}")]
+
+
+def _renewed_while_waited_for(server: Any, key: str) -> bool:
+    """The holder renewed after the waiter's first look: the expiry the waiter was told has moved."""
+    calls = _lock_requests(server, key)
+    looked = [r["mono"] for r in calls if r.get("op") == "get"]
+    return bool(looked) and any(
+        r.get("op") == "renew" and r.get("served") == 200 and r["mono"] > looked[0] for r in calls
+    )
+
+
+def _summary(calls: list[dict[str, Any]], since: float) -> list[tuple[str, object, str]]:
+    return [(r.get("op", "?"), r.get("served"), f"{r['mono'] - since:+.2f}") for r in calls]
+
+
+def test_a_killed_holder_is_taken_over_at_the_first_look_after_its_lease_ends(
+    unique_key: str, prefect_subprocess_env: dict[str, str], volcano_server: Any
+) -> None:
+    """kill -9 of a holder that renews (TTL 6): no release, no event. The waiter, told of the holder's
+    lease by its `acquired` event, looks when that lease would end unrenewed (and again at each
+    renewed expiry), so the takeover is its first look after the lease's end plus the grace second,
+    within TTL + 2 s of the kill, not on a backoff schedule."""
+    ttl = 6
+    won: list[int] = []
+    with subprocess.Popen(
+        [sys.executable, str(CRASH_HOLDER), unique_key, str(ttl)],
+        env=prefect_subprocess_env,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as holder:
+        try:
+            assert holder.stdout is not None
+            line = holder.stdout.readline()
+            assert line.startswith("HOLDING"), line
+            held = int(line.split()[1])
+            waiter = threading.Thread(
+                target=lambda: won.append(token_flow(unique_key, ttl=15, wait_timeout=120)())
+            )
+            waiter.start()
+            ends = time.monotonic() + 60
+            while not _renewed_while_waited_for(volcano_server, unique_key):
+                assert time.monotonic() < ends, "the holder never renewed"
+                time.sleep(0.2)
+            holder.kill()
+            killed = time.monotonic()
+            holder.wait()
+        finally:
+            if holder.poll() is None:
+                holder.kill()
+                holder.wait()
+    waiter.join(timeout=180)
+    assert won and won[0] > held
+    calls = _lock_requests(volcano_server, unique_key)
+    last_hold = max(
+        (
+            r
+            for r in calls
+            if r.get("op") in ("acquire", "renew")
+            and r.get("served") in (200, 201)
+            and r["answer"].get("fencing_token") == held
+        ),
+        key=lambda r: r["mono"],
+    )
+    lapse = last_hold["mono_end"] + ttl  # the killed lease ends here (server-side, as served), at most
+    taken = next(
+        r
+        for r in calls
+        if r.get("op") == "acquire" and r.get("served") == 201 and r["answer"].get("fencing_token") == won[0]
+    )
+    between = [r for r in calls if killed <= r["mono"] < taken["mono"]]
+    # After the kill: at most a look at the expiry the waiter knew (the holder renewed since), a look
+    # at the lease's real end that finds it free, and the acquisition; nothing on a backoff schedule.
+    assert len(between) <= 2, _summary(calls, killed)
+    # Scheduled at the lease's end plus the grace (about 1.2 s past `lapse`); the bound leaves room for a
+    # loaded machine and still tells a look at the lease's end from a backoff of up to a minute.
+    assert taken["mono"] - lapse < 5.0, (taken["mono"] - lapse, _summary(calls, killed))
+    print(
+        f"takeover {taken['mono'] - killed:.2f} s after the kill (TTL {ttl} s);"
+        f" lapse at +{lapse - killed:.2f} s"
+    )
+
+
 def _event(name: str, runner: str, second: int) -> Any:
     from datetime import UTC, datetime
 
@@ -116,7 +203,7 @@ def _listener(me: str) -> Any:
 
     from prefect_volcano._wake import ReleaseListener
 
-    listener = ReleaseListener("k", "http://127.0.0.1:1", "credential", me=me)
+    listener = ReleaseListener("k", "http://127.0.0.1:1", "credential", "p", me=me)
     listener._since = datetime(2026, 12, 1, 5, 0, 0, tzinfo=UTC)  # the events below are "since we listened"
     listener.line.patience = 0.05
     return listener

@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from volcano_locks.server.app import LOGGED_PATH_CHARS
-from volcano_locks.server.harness import InProcessServer, LocalServer
+from volcano_locks.server.harness import InProcessServer, LocalServer, printed_variables
 from volcano_locks.server.http11 import Limits
 
 from .helpers import Raw, new_id, park_huge_heads, read_all, serve_until_exit
@@ -269,9 +269,7 @@ def test_accept_loop_does_not_spin_at_a_low_open_file_limit(tmp_path: Path) -> N
         while "\nready" not in out.read_text():
             assert proc.poll() is None and time.monotonic() < deadline, out.read_text()
             time.sleep(0.05)
-        url = next(
-            x.split("=", 1)[1] for x in out.read_text().splitlines() if x.startswith("VOLCANO_API_URL=")
-        )
+        url = printed_variables(out.read_text())["VOLCANO_API_URL"]
         # More idle sockets than the process may open files.
         socks = [socket.create_connection(("127.0.0.1", port_of(url))) for _ in range(100)]
         time.sleep(0.5)

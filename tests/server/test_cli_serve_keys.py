@@ -15,7 +15,7 @@ import pytest
 
 from tests.cli.helpers import CLI, cli_env, run_cli
 from volcano_locks.cli import build_parser
-from volcano_locks.server.harness import LocalServer
+from volcano_locks.server.harness import LocalServer, printed_variables
 
 from .helpers import Raw, new_id
 
@@ -75,9 +75,7 @@ def test_serve_defaults_print_keys_and_stop_cleanly(tmp_path: Path, sig: signal.
             for line in proc.stdout:
                 if line.strip() == "ready":
                     break
-                if "=" in line and line.startswith("VOLCANO_"):
-                    name, value = line.strip().split("=", 1)
-                    printed[name] = value
+                printed.update(printed_variables(line))
             assert set(printed) == {"VOLCANO_API_URL", "VOLCANO_ANON_KEY", "VOLCANO_SERVICE_KEY"}
             keys_seen.append(printed["VOLCANO_SERVICE_KEY"])
             for key in keys_seen:

@@ -22,7 +22,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from volcano_locks.server.harness import InProcessServer, LocalServer
+from volcano_locks.server.harness import InProcessServer, LocalServer, printed_variables
 from volcano_locks.server.runner import load_or_create_secret
 
 from .helpers import Raw, drop_schema, exchange, new_id, serve_until_exit, with_schema
@@ -105,9 +105,7 @@ def test_serve_prints_the_admin_key_and_takes_one_from_the_env_or_the_flag(tmp_p
             for line in proc.stdout:
                 if line.strip() == "ready":
                     break
-                name, sep, value = line.strip().partition("=")
-                if sep and name.startswith("VOLCANO_"):
-                    printed[name] = value
+                printed.update(printed_variables(line))
             admin_key = printed["VOLCANO_ADMIN_KEY"]
             assert len(admin_key) >= 32 and (admin_key == chosen) == (how != "generated")
             url = printed["VOLCANO_API_URL"]
@@ -166,8 +164,8 @@ def test_database_and_secret_are_created_private(tmp_path: Path) -> None:
         deadline = time.monotonic() + HANG_BOUND
         while "ready" not in lines and time.monotonic() < deadline:
             lines.append(proc.stdout.readline().strip())
-        url = next(x.split("=", 1)[1] for x in lines if x.startswith("VOLCANO_API_URL="))
-        key = next(x.split("=", 1)[1] for x in lines if x.startswith("VOLCANO_SERVICE_KEY="))
+        printed = printed_variables("\n".join(lines))
+        url, key = printed["VOLCANO_API_URL"], printed["VOLCANO_SERVICE_KEY"]
         raw = Raw(url, key)
         assert raw.acquire("job", new_id()).status_code == 201
         raw.close()
