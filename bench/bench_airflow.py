@@ -8,7 +8,11 @@ Prints three markdown tables (``--only`` runs some of them):
    turns through a Volcano lock (the waiters deferred to VolcanoLockTrigger) and through an Airflow
    pool of one slot; the same again with an executor that takes longer than the lock's TTL to start
    each task (bench/airflow_handoff/slow_start_executor.py), as a Celery queue or a pod start would.
-   The DAGs are bench/airflow_handoff/dags/bench_handoff.py.
+   The DAGs are bench/airflow_handoff/dags/bench_handoff.py. Two more pairs of rows (issue 28): a
+   long hold (the first task holds ``--long-hold`` s: how soon the line behind it notices the
+   release) and a crash takeover (the first task's process is killed with SIGKILL mid-hold: how soon
+   the next task runs after the kill, and after the dead lease's expiry), each printed in a second
+   table beside a one-slot pool in the same run.
 2. ``triggers``: N VolcanoLockTriggers (default 1 and 500) waiting in one event loop on one key held
    from outside: requests per minute the waiting costs, CPU share of one core, resident memory, and
    what happens on release (time to the first acquisition, how many woke).
@@ -16,11 +20,15 @@ Prints three markdown tables (``--only`` runs some of them):
    ``import airflow.sdk``, measured in fresh subprocesses (median of several repeats).
 
 Usage: .venv-airflow/bin/python bench/bench_airflow.py [--only handoff,triggers,import]
-       [--handoff-rows pool,lock,slow-pool,slow-lock] [--handoff-tasks 6] [--hold 4] [--ttl 10]
+       [--handoff-rows pool,lock,long-pool,long-lock,crash-pool,crash-lock,slow-pool,slow-lock]
+       [--handoff-tasks 6] [--hold 4] [--ttl 10] [--long-hold 60]
        [--slow-ttl 5] [--slow-start 8] [--slow-handoff-ttl N] [--batch-timeout 180]
        [--triggers 500] [--seconds 30] [--poll 2] [--import-repeats 7]
 e.g. only the lock's handoff, after a change to the trigger or the operator:
        .venv-airflow/bin/python bench/bench_airflow.py --only handoff --handoff-rows pool,lock
+and the long-hold and crash-takeover rows (issue 28):
+       .venv-airflow/bin/python bench/bench_airflow.py --only handoff \
+           --handoff-rows long-pool,long-lock,crash-pool,crash-lock --handoff-tasks 4
 """
 
 from __future__ import annotations
@@ -43,7 +51,18 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 HANDOFF_DIR = REPO / "bench" / "airflow_handoff"
-HANDOFF_ROWS = ("pool", "lock", "slow-pool", "slow-lock")  # run in this order: a livelock goes last
+HANDOFF_ROWS = (
+    "pool",
+    "lock",
+    "long-pool",
+    "long-lock",
+    "crash-pool",
+    "crash-lock",
+    "slow-pool",
+    "slow-lock",
+)
+"""Run in this order: a livelock goes last. ``long-``: the first task holds ``--long-hold`` s;
+``crash-``: the first task's process is killed (SIGKILL) mid-hold (issue 28)."""
 HANDOFF_POOL = "bench_handoff_one"
 
 
@@ -89,20 +108,32 @@ def _run_batch(
     hold: float,
     timeout: float,
     records: Path,
+    long_hold: float = 0.0,
 ) -> dict[str, Any]:
     """Trigger one run of the row's DAG (``tasks`` mapped tasks) and measure its handoffs."""
     slow, variant = row.startswith("slow-"), row.rpartition("-")[2]
+    special = row.partition("-")[0] if row.startswith(("long-", "crash-")) else ""
     dag_id = f"bench_{'slow_' if slow else ''}handoff_{variant}"
     key = f"bench-handoff-{row}-{os.getpid()}"
     server.clear_requests()
     started = time.time()
-    stack.cli("dags", "trigger", dag_id, "--conf", json.dumps({"lock_key": key, "hold": hold}))
+    conf: dict[str, Any] = {"lock_key": key, "hold": hold}
+    if special:
+        conf.update(
+            first_marker=str(records.parent / f"first-{row}-{os.getpid()}"),
+            first_hold=long_hold if special == "long" else 2 * hold,
+            crash_first=special == "crash",
+        )
+    if variant == "pool":
+        conf.pop("lock_key")
+    stack.cli("dags", "trigger", dag_id, "--conf", json.dumps(conf))
 
     def done() -> list[dict[str, Any]]:
         if not records.exists():
             return []
         lines = records.read_text(encoding="utf-8").splitlines()
-        return [r for r in map(json.loads, lines) if r["dag"] == dag_id]
+        batch = str(conf.get("first_marker", ""))
+        return [r for r in map(json.loads, lines) if r["dag"] == dag_id and r.get("batch", "") == batch]
 
     while len(done()) < tasks and time.time() - started < timeout:
         stack.alive()
@@ -142,8 +173,10 @@ def _run_batch(
                 grant_to_code.append(nxt["start"] - grant)
         elif (release := ends.get(prev["i"])) is not None:
             from_release.append(nxt["start"] - release)
+    first = _first_handoff(finished, requests, releases, grants, ends, variant, special) if special else {}
     return {
         "row": row,
+        "first": first,
         "tasks": tasks,
         "ran": len(finished),
         "wall": wall,
@@ -158,6 +191,58 @@ def _run_batch(
     }
 
 
+def _first_handoff(
+    finished: list[dict[str, Any]],
+    requests: list[dict[str, Any]],
+    releases: list[float],
+    grants: list[tuple[float, str]],
+    ends: dict[int, float],
+    variant: str,
+    special: str,
+) -> dict[str, float]:
+    """The handoff after the run's first task (the long hold, or the one killed mid-hold).
+
+    ``release``: the lock's release (long-lock), the slot's (the task instance's end: the pools) or the
+    kill (crash-lock); then the next task's code start, the trigger's acquisition (lock rows) and,
+    after a kill, the dead lease's expiry from its last renewal's answer.
+    """
+    first = next((r for r in finished if r.get("first")), None)
+    if first is None:
+        return {}
+    later = [r for r in finished if r["start"] >= first["end"] - 0.001 and r is not first]
+    if not later:
+        return {}
+    nxt = min(later, key=lambda r: r["start"])
+    out: dict[str, float] = {}
+    if special == "long":
+        release = (
+            ends.get(first["i"], first["end"])
+            if variant == "pool"
+            else next((t for t in releases if t >= first["end"]), first["end"])
+        )
+    else:
+        release = first["end"]  # the kill
+    if special == "crash" and variant == "lock":
+        kept = [
+            r
+            for r in requests
+            if r["time"] <= first["end"]
+            and r["status"] in (200, 201)
+            and r["op"] in ("acquire", "renew")
+            and isinstance(r.get("answer"), dict)
+        ]
+        if kept:
+            expiry = datetime.fromisoformat(str(kept[-1]["answer"]["expires_at"]).replace("Z", "+00:00"))
+            out["kill_to_expiry"] = expiry.timestamp() - release
+            out["expiry_to_code"] = nxt["start"] - expiry.timestamp()
+    out["release_to_code"] = nxt["start"] - release
+    if variant == "lock":
+        grant = next((t for t, _ in grants if t >= release), None)
+        if grant is not None:
+            out["release_to_grant"] = grant - release
+    return out
+
+
 def bench_handoff(
     rows: list[str],
     tasks: int,
@@ -167,6 +252,7 @@ def bench_handoff(
     slow_start: float,
     slow_handoff_ttl: int | None,
     timeout: float,
+    long_hold: float = 60.0,
 ) -> list[dict[str, Any]]:
     """Run the chosen handoff rows on one full stack, one batch (one DAG run) after the other."""
     sys.path.insert(0, str(REPO))  # tests.airflow.helpers, from the repository root
@@ -215,6 +301,9 @@ def bench_handoff(
                         "BENCH_SLOW_HANDOFF_TTL": "" if slow_handoff_ttl is None else str(slow_handoff_ttl),
                         "BENCH_HANDOFF_POOL": HANDOFF_POOL,
                         "BENCH_HANDOFF_RECORDS": str(records),
+                        # A task's start calls the Execution API; on a loaded machine the default 5 s
+                        # failed a task before it ran (httpx.ReadTimeout in the executor).
+                        "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "30",
                     }
                 )
                 for name in ("dag-processor", "scheduler"):
@@ -224,7 +313,9 @@ def bench_handoff(
                     slow, variant = row.startswith("slow-"), row.rpartition("-")[2]
                     stack.unpause_when_parsed(f"bench_{'slow_' if slow else ''}handoff_{variant}")
                 for row in rows:
-                    results.append(_run_batch(stack, server, row, tasks, hold, timeout, records))
+                    results.append(
+                        _run_batch(stack, server, row, tasks, hold, timeout + long_hold, records, long_hold)
+                    )
                     print(
                         f"# {row}: {results[-1]['ran']}/{tasks} ran in {results[-1]['wall']:.0f} s",
                         file=sys.stderr,
@@ -261,6 +352,8 @@ def print_handoff(results: list[dict[str, Any]], args: argparse.Namespace) -> No
         ),
     }
     for r in results:
+        if r["row"] not in names:
+            continue  # the long-hold and crash rows: their own table below
         fr = r["from_release"]
         lock = r["row"].endswith("lock")
         split = f"{_median(r['to_grant']):.2f} | {_median(r['grant_to_code']):.2f}" if lock else "n/a | n/a"
@@ -274,6 +367,39 @@ def print_handoff(results: list[dict[str, Any]], args: argparse.Namespace) -> No
     for lock, pool in (("lock", "pool"), ("slow-lock", "slow-pool")):
         if lock in by_row and pool in by_row:
             print(f"\n{lock} / {pool} (median release → next code): {by_row[lock] / by_row[pool]:.2f}x")
+    specials = [r for r in results if r["row"].startswith(("long-", "crash-"))]
+    if specials:
+        print_first_handoffs(specials, args)
+
+
+def print_first_handoffs(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    """Print the long-hold and crash-takeover rows: the handoff after the first task, lock beside pool."""
+
+    def cell(value: float | None) -> str:
+        return "n/a" if value is None else f"{value:.2f}"
+
+    print(
+        f"\n### After a long hold ({args.long_hold:g} s) and after a holder killed mid-hold "
+        f"(SIGKILL; lock TTL {args.ttl} s): the first task's handoff\n"
+    )
+    print(
+        "| row | release (or kill) → next code s | release → trigger acquires s | kill → lease expiry s "
+        "| lease expiry → next code s | other handoffs, median release → next code s | ran |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    names = {
+        "long-pool": f"Airflow pool, 1 slot, first task holds {args.long_hold:g} s",
+        "long-lock": f"Volcano lock, deferred waiters, first task holds {args.long_hold:g} s",
+        "crash-pool": "Airflow pool, 1 slot, first task killed mid-hold",
+        "crash-lock": f"Volcano lock (TTL {args.ttl} s), deferred waiters, first task killed mid-hold",
+    }
+    for r in results:
+        f = r["first"]
+        print(
+            f"| {names[r['row']]} | {cell(f.get('release_to_code'))} | {cell(f.get('release_to_grant'))} "
+            f"| {cell(f.get('kill_to_expiry'))} | {cell(f.get('expiry_to_code'))} "
+            f"| {_median(r['from_release']):.2f} | {r['ran']}/{r['tasks']} |"
+        )
 
 
 # ---- 2. triggers waiting on one key -----------------------------------------------------------
@@ -404,6 +530,9 @@ def main() -> None:
         default=None,
         help="the slow-lock row's handoff_ttl (default: the operator's)",
     )
+    parser.add_argument(
+        "--long-hold", type=float, default=60.0, help="seconds the first task holds, long-hold rows"
+    )
     parser.add_argument("--batch-timeout", type=float, default=180.0, help="give up on a row after this")
     parser.add_argument("--triggers", type=int, default=500)
     parser.add_argument("--seconds", type=float, default=30.0, help="measured waiting window per row")
@@ -434,7 +563,9 @@ def main() -> None:
             args.slow_start,
             args.slow_handoff_ttl,
             args.batch_timeout,
+            args.long_hold,
         )
+        print("# results: " + json.dumps(results), file=sys.stderr)  # kept if a table cannot print
         print_handoff(results, args)
 
     if "triggers" in parts:

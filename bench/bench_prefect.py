@@ -19,25 +19,20 @@ side, then:
    repossessor). This section runs against a real `prefect server start` with its services: the
    harness runs none, so there a crashed holder's concurrency slot is never given back.
 
-3. **A fleet waiting on one lock** (`--fleet`, its own run: about five minutes): a holder flow run
-   (`locked_task`, ttl 15) holds the lock for over a minute while 20 more flow runs, each a process
-   of its own as under a process worker, wait for it; each then holds it for 1 s in turn. Printed:
-   whether the holder kept its lease, whether every waiter got the lock in turn (no overlap, rising
-   fencing tokens), the handoff latency (release to the next body starting), and the project's lock
-   requests a minute (the server's request log). Run twice: woken by Prefect events, and with
-   `VOLCANO_PREFECT_WAKE=off` (polling alone).
+3. **A line on a process work pool** (`--fleet`, its own run; see `prefect_fleet.py`): `--runs` flow
+   runs (default 50) of one deployment, each holding one lock `--hold` seconds (default 2), created at
+   once on a process work pool served by `--workers` real workers (default 2); `locked_task` and then
+   Prefect's own concurrency limit in the same run. Printed: drain against the ideal, handoff median /
+   p90 / max, overlap, lock requests per hold, runs not Completed.
 
 Run:  .venv-prefect/bin/python bench/bench_prefect.py [--n 300] [--warmup 20] [--skip-crash]
-      .venv-prefect/bin/python bench/bench_prefect.py --fleet [--waiters 20]
+      .venv-prefect/bin/python bench/bench_prefect.py --fleet [--runs 50] [--hold 2] [--workers 2]
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
 import contextlib
-import itertools
-import json
 import os
 import queue
 import signal
@@ -209,129 +204,6 @@ def prefect_server() -> Iterator[str]:
         yield f"{base}/api"
 
 
-_FLEET_PROC = """
-import os, sys, time
-from pathlib import Path
-from prefect import flow, task
-from prefect_volcano import current_lease, locked_task
-
-role, key, workdir = sys.argv[1], sys.argv[2], Path(sys.argv[3])
-if os.environ.get("BENCH_FLEET_DUMP"):  # each run's wake and wait decisions, for a slow handoff's why
-    import logging
-    handler = logging.FileHandler(workdir / f"{role}.log")
-    handler.setFormatter(logging.Formatter("%(created).3f %(name)s %(message)s"))
-    for name in ("prefect_volcano.wake", "volcano_locks.waiting"):
-        logging.getLogger(name).addHandler(handler)
-        logging.getLogger(name).setLevel(logging.DEBUG)
-
-def record(what: str, token: int) -> None:
-    # O_APPEND writes of one short line are atomic: the processes' lines never interleave.
-    with open(workdir / "sections", "a") as out:
-        out.write(f"{what} {role} {token} {time.time():.6f}\\n")
-
-@locked_task(key, ttl=15, on_contention="wait")
-@task
-def body() -> int:
-    token = current_lease().fencing_token
-    record("enter", token)
-    if role == "holder":
-        print("HOLDING", flush=True)
-        start = time.monotonic()
-        while time.monotonic() - start < 65 or not (workdir / "go").exists():
-            time.sleep(0.2)
-    else:
-        time.sleep(1.0)
-    record("exit", current_lease().fencing_token)
-    return token
-
-@flow
-def run() -> int:
-    return body()
-
-print("READY", flush=True)
-state = run(return_state=True)
-print("RESULT", state.name, flush=True)
-os._exit(0)
-"""
-
-
-def fleet(server: LocalServer, waiters: int, wake: bool) -> dict[str, object]:
-    """One fleet run: a holder for over a minute, `waiters` flow-run processes waiting; its figures."""
-    workdir = Path(tempfile.mkdtemp(prefix="bench-prefect-fleet-"))
-    key = f"bench-fleet-{uuid.uuid4().hex[:8]}"
-    env = {"VOLCANO_PREFECT_WAKE": "on" if wake else "off"}
-    server.clear_requests()
-    started = time.time()
-    holder = _Proc(_FLEET_PROC, "holder", key, str(workdir), **env)
-    procs = [holder]
-    try:
-        holder.must("HOLDING")
-        procs += [_Proc(_FLEET_PROC, f"waiter{i:02d}", key, str(workdir), **env) for i in range(waiters)]
-        for proc in procs[1:]:
-            proc.must("READY")
-        time.sleep(10)  # every waiter is past its imports and waiting
-        (workdir / "go").touch()
-        results = [proc.must("RESULT").split()[1] for proc in procs]
-        ended = time.time()
-    finally:
-        for proc in procs:
-            proc.stop()
-    sections: dict[str, dict[str, tuple[int, float]]] = {}
-    for line in (workdir / "sections").read_text().splitlines():
-        what, who, token, at = line.split()
-        sections.setdefault(who, {})[what] = (int(token), float(at))
-    ordered = sorted(sections.values(), key=lambda s: s["enter"][1])
-    in_turn = all(
-        a["exit"][1] <= b["enter"][1] and a["enter"][0] < b["enter"][0]
-        for a, b in itertools.pairwise(ordered)
-    )
-    handoffs = [b["enter"][1] - a["exit"][1] for a, b in itertools.pairwise(ordered)]
-    if os.environ.get("BENCH_FLEET_DUMP"):
-        (workdir / "requests.json").write_text(json.dumps(server.requests(), default=str))
-        print(f"fleet (wake={wake}) in {workdir}: handoffs", [f"{h:.2f}" for h in handoffs], flush=True)
-    holder_kept = (
-        sections["holder"]["enter"][0] == sections["holder"]["exit"][0] and results[0] == "Completed"
-    )
-    lock_requests = [r for r in server.requests() if r["op"] is not None]
-    minutes = (ended - started) / 60
-    per_clock_minute = collections.Counter(int(r["time"] // 60) for r in lock_requests)
-    return {
-        "wake": wake,
-        "runs": len(results),
-        "completed": results.count("Completed"),
-        "holder_kept": holder_kept,
-        "holder_held_s": sections["holder"]["exit"][1] - sections["holder"]["enter"][1],
-        "in_turn": in_turn and len(ordered) == waiters + 1,
-        "handoff_median_s": statistics.median(handoffs),
-        "handoff_max_s": max(handoffs),
-        "requests": len(lock_requests),
-        "minutes": minutes,
-        "per_minute": len(lock_requests) / minutes,
-        "max_clock_minute": max(per_clock_minute.values()),
-        "by_op": dict(collections.Counter(str(r["op"]) for r in lock_requests)),
-    }
-
-
-def print_fleet(rows: list[dict[str, object]], waiters: int) -> None:
-    """The fleet table."""
-    print(f"3. {waiters} waiting flow runs (separate processes) behind one holder (ttl 15, over a minute)\n")
-    print(
-        "| waiters woken by | runs Completed | holder kept its lease (held s) | every waiter in turn |"
-        " handoff median s | handoff max s | lock requests/min (run average) | busiest clock minute |"
-        " requests by op |"
-    )
-    print("| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | --- |")
-    for r in rows:
-        ops = ", ".join(f"{op} {n}" for op, n in sorted(r["by_op"].items()))  # type: ignore[attr-defined]
-        print(
-            f"| {'Prefect events' if r['wake'] else 'polling alone (VOLCANO_PREFECT_WAKE=off)'}"
-            f" | {r['completed']}/{r['runs']}"
-            f" | {'yes' if r['holder_kept'] else 'NO'} ({r['holder_held_s']:.0f})"
-            f" | {'yes' if r['in_turn'] else 'NO'} | {r['handoff_median_s']:.2f} | {r['handoff_max_s']:.2f}"
-            f" | {r['per_minute']:.0f} | {r['max_clock_minute']} of 600 | {ops} |"
-        )
-
-
 def enter_exit(server: LocalServer, run: str, n: int, warmup: int) -> list[tuple[str, list[float]]]:
     """Section 1: the enter+exit rows (inside a Prefect test harness)."""
     VolcanoCredentials(api_url=server.url, service_key=server.service_key).save("bench", overwrite=True)
@@ -371,17 +243,20 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=300, help="timed enter+exit pairs per row")
     parser.add_argument("--warmup", type=int, default=20, help="untimed pairs before each row")
     parser.add_argument("--skip-crash", action="store_true", help="only the enter+exit rows")
-    parser.add_argument(
-        "--fleet", action="store_true", help="only the fleet run (3.), with and without events"
-    )
-    parser.add_argument("--waiters", type=int, default=20, help="waiting flow runs in the fleet run")
+    parser.add_argument("--fleet", action="store_true", help="only the line on a process work pool (3.)")
+    parser.add_argument("--runs", type=int, default=50, help="flow runs in the line (3.)")
+    parser.add_argument("--hold", type=float, default=2.0, help="seconds each run holds the lock (3.)")
+    parser.add_argument("--workers", type=int, default=2, help="process workers serving the pool (3.)")
     args = parser.parse_args()
     if args.fleet:
-        with LocalServer(admin=True) as server, prefect_test_harness(server_startup_timeout=120):
-            os.environ.update(server.env())
-            os.environ["PREFECT_API_URL"] = str(PREFECT_API_URL.value())  # the children's API: the harness
-            rows = [fleet(server, args.waiters, wake=True), fleet(server, args.waiters, wake=False)]
-        print_fleet(rows, args.waiters)
+        from prefect_fleet import line, print_line
+
+        for name in ("runs", "workers"):
+            if getattr(args, name) < 1:
+                parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+        if not args.hold > 0:
+            parser.error(f"--hold must be positive seconds, got {args.hold}")
+        print_line(line(args.runs, args.hold, args.workers), args.runs, args.hold, args.workers)
         return
 
     run = uuid.uuid4().hex[:8]

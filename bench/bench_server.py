@@ -30,7 +30,7 @@ from pathlib import Path
 
 import httpx
 
-from volcano_locks.server.harness import LocalServer
+from volcano_locks.server.harness import LocalServer, printed_variables
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.server.helpers, from the repository root
 
@@ -296,7 +296,7 @@ def abuse() -> None:
                 time.sleep(0.05)
                 with open(out_path) as fh:
                     text = fh.read()
-            url = next(x.split("=", 1)[1] for x in text.splitlines() if x.startswith("VOLCANO_API"))
+            url = printed_variables(text)["VOLCANO_API_URL"]
             port = int(url.rsplit(":", 1)[1])
             socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(100)]
             time.sleep(0.5)

@@ -8,14 +8,20 @@ waiters deferred to the trigger), ``bench_handoff_pool`` with an Airflow pool of
 lock DAG's TTL is ``BENCH_SLOW_TTL`` and its handoff allowance ``BENCH_SLOW_HANDOFF_TTL`` (default:
 the operator's).
 
-Every task appends ``{"dag", "i", "start", "end", "fencing_token"}`` (wall clock) to the JSON-lines
-file ``BENCH_HANDOFF_RECORDS``.
+Every task appends ``{"dag", "i", "start", "end", "fencing_token", "first", "batch"}`` (wall clock) to the
+JSON-lines file ``BENCH_HANDOFF_RECORDS``.
+
+The long-hold and crash-takeover rows (issue 28) pass ``first_marker`` (a path) in the run's conf: the
+first task whose body starts creates it and is the run's *first*: it holds ``first_hold`` seconds, and
+with ``crash_first`` it writes its record and kills its own task process with SIGKILL instead of
+ending (``end`` is then the kill), as a worker that dies mid-hold does.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from collections.abc import Callable
 from datetime import datetime
@@ -30,7 +36,9 @@ TASKS = int(os.environ.get("BENCH_HANDOFF_TASKS", "6"))
 POOL = os.environ.get("BENCH_HANDOFF_POOL", "bench_handoff_one")
 
 
-def _record(dag_id: str, i: int, start: float, lease: dict[str, Any] | None) -> None:
+def _record(
+    dag_id: str, i: int, start: float, lease: dict[str, Any] | None, first: bool = False, batch: str = ""
+) -> None:
     line = json.dumps(
         {
             "dag": dag_id,
@@ -38,6 +46,8 @@ def _record(dag_id: str, i: int, start: float, lease: dict[str, Any] | None) -> 
             "start": start,
             "end": time.time(),
             "fencing_token": None if lease is None else lease["fencing_token"],
+            "first": first,
+            "batch": batch,  # the run's first_marker: rows that share a DAG tell their records apart
         }
     )
     # One short O_APPEND write per task: lines from concurrent tasks never interleave.
@@ -45,22 +55,47 @@ def _record(dag_id: str, i: int, start: float, lease: dict[str, Any] | None) -> 
         out.write(line + "\n")
 
 
+def _is_first(marker: str) -> bool:
+    """Whether this task's body started first in its run (it creates ``marker``; no marker: never)."""
+    if not marker:
+        return False
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
+
+
+def _work(dag_id: str, i: int, hold: Any, first: dict[str, Any], lease: dict[str, Any] | None) -> None:
+    start = time.time()
+    marker = str(first.get("first_marker") or "")
+    is_first = _is_first(marker)
+    time.sleep(float(first["first_hold"]) if is_first and first.get("first_hold") else float(hold))
+    _record(dag_id, int(i), start, lease, is_first, marker)
+    if is_first and str(first.get("crash_first")) == "True":
+        os.kill(os.getpid(), signal.SIGKILL)  # the task process dies mid-hold: no release, no renewal
+
+
 def _lock_work(dag_id: str) -> Callable[..., None]:
-    def work(i: int, hold: float, volcano_lease: dict[str, Any]) -> None:
-        start = time.time()
-        time.sleep(float(hold))
-        _record(dag_id, int(i), start, volcano_lease)
+    def work(i: int, hold: float, volcano_lease: dict[str, Any], **first: Any) -> None:
+        _work(dag_id, i, hold, first, volcano_lease)
 
     return work
 
 
 def _pool_work(dag_id: str) -> Callable[..., None]:
-    def work(i: int, hold: float) -> None:
-        start = time.time()
-        time.sleep(float(hold))
-        _record(dag_id, int(i), start, None)
+    def work(i: int, hold: float, **first: Any) -> None:
+        _work(dag_id, i, hold, first, None)
 
     return work
+
+
+FIRST_PARAMS: dict[str, Any] = {
+    "first_marker": Param("", type="string"),
+    "first_hold": Param(0.0, type="number"),
+    "crash_first": Param(False, type="boolean"),
+}
+FIRST_KWARGS = {name: "{{ params.%s }}" % name for name in FIRST_PARAMS}  # noqa: UP031
 
 
 for slow in ("", "slow_"):
@@ -73,7 +108,11 @@ for slow in ("", "slow_"):
         schedule=None,
         start_date=datetime(2026, 1, 1),
         catchup=False,
-        params={"lock_key": Param("bench-handoff", type="string"), "hold": Param(4.0, type="number")},
+        params={
+            "lock_key": Param("bench-handoff", type="string"),
+            "hold": Param(4.0, type="number"),
+            **FIRST_PARAMS,
+        },
         tags=["volcano", "bench"],
     ):
         VolcanoLockOperator.partial(
@@ -85,18 +124,18 @@ for slow in ("", "slow_"):
             wait_timeout=900,
             python_callable=_lock_work(f"bench_{slow}handoff_lock"),
             **extra,
-        ).expand(op_kwargs=[{"i": i, "hold": "{{ params.hold }}"} for i in range(TASKS)])
+        ).expand(op_kwargs=[{"i": i, "hold": "{{ params.hold }}", **FIRST_KWARGS} for i in range(TASKS)])
 
     with DAG(
         dag_id=f"bench_{slow}handoff_pool",
         schedule=None,
         start_date=datetime(2026, 1, 1),
         catchup=False,
-        params={"hold": Param(4.0, type="number")},
+        params={"hold": Param(4.0, type="number"), **FIRST_PARAMS},
         tags=["volcano", "bench"],
     ):
         PythonOperator.partial(
             task_id="hold",
             pool=POOL,
             python_callable=_pool_work(f"bench_{slow}handoff_pool"),
-        ).expand(op_kwargs=[{"i": i, "hold": "{{ params.hold }}"} for i in range(TASKS)])
+        ).expand(op_kwargs=[{"i": i, "hold": "{{ params.hold }}", **FIRST_KWARGS} for i in range(TASKS)])
