@@ -232,6 +232,18 @@ class Stack:
             if path.is_file() and (run_id is None or f"run_id={run_id}" in str(path))
         )
 
+    def report(self, *run_ids: str) -> str:
+        """Why runs ended as they did, for an assertion's message: the scheduler's lines that name them
+        (state mismatches, kills, failures) and the tail of each run's task logs."""
+        lines = [
+            line
+            for line in self.output("scheduler").splitlines()
+            if any(r in line for r in run_ids)
+            and any(w in line for w in ("mismatch", "failed", "Killing", "killed", "externally", "FAILED"))
+        ]
+        tails = [f"--- {r} task logs ---\n" + self.logs(r)[-2500:] for r in run_ids]
+        return "\n".join(["--- scheduler ---", *lines[-20:], *tails])
+
     def alive(self) -> None:
         """Fail the test with the process's output if any Airflow process has exited."""
         for name, proc in self.procs.items():

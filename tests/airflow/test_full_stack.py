@@ -60,7 +60,7 @@ def test_two_runs_contend_one_defers_both_succeed_nothing_secret_stored(
         assert time.monotonic() < deadline, f"runs did not finish: {states}"
         time.sleep(0.3)
 
-    assert states == {"contend_a": "success", "contend_b": "success"}
+    assert states == {"contend_a": "success", "contend_b": "success"}, stack.report("contend_a", "contend_b")
     assert len(seen_deferred) == 1, seen_deferred  # one waited in the triggerer while the other ran
     assert trigger_rows, "the waiting run's trigger row was never seen"
 
