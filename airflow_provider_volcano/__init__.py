@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from importlib.util import find_spec
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_volcano._stats import StatsSink
@@ -11,7 +12,10 @@ from volcano_locks.integration import route_through
 # The lock metrics go through Airflow's Stats (and only there) in every Airflow process that loads the
 # provider (the worker's task, the triggerer, the scheduler), so [metrics] decides where they go, once
 # (airflow_provider_volcano._stats). The lock spans stay on the OpenTelemetry API, as Airflow's own do.
-route_through(StatsSink())
+# Where Airflow is not installed (the package read for its metadata or its docs, in a Prefect or plain
+# process) there is no Stats: the metrics stay on OpenTelemetry instead of going nowhere.
+if find_spec("airflow") is not None:
+    route_through(StatsSink())
 
 __all__ = ["VolcanoHook", "VolcanoLockOperator", "VolcanoLockTrigger"]
 

@@ -4,6 +4,9 @@ and released through the core clients (sync and async) against the real local se
 from __future__ import annotations
 
 import asyncio
+import importlib.util
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -268,3 +271,19 @@ def test_the_spans_nest_under_the_current_span(
         and released.attributes["volcano.lock.fencing_token"] == lease.fencing_token
     )
     assert lease.token not in str([dict(s.attributes) for s in spans.values()])
+
+
+def test_the_airflow_package_read_without_airflow_leaves_the_metrics_on_opentelemetry() -> None:
+    # A process without Airflow that imports the provider's package (for its metadata, its docs, or a
+    # Prefect process that has both installed) keeps its metrics on OpenTelemetry and its orchestrator.
+    # A fresh interpreter, as a user's process is; it is skipped where Airflow is installed.
+    if importlib.util.find_spec("airflow") is not None:
+        pytest.skip("Airflow is installed here: the provider routes the metrics through its Stats")
+    script = (
+        "import sys, airflow_provider_volcano, prefect_volcano\n"
+        "from volcano_locks.telemetry import orchestrator, sinks\n"
+        "print([type(s).__name__ for s in sinks._SINKS.all], orchestrator())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["['OpenTelemetrySink']", "prefect"], done.stdout

@@ -41,9 +41,13 @@ def keys_allowed() -> bool:
 
 
 def orchestrator() -> str:
-    """``airflow`` or ``prefect`` when that integration is loaded in this process, else ``core``."""
+    """``airflow`` or ``prefect`` when that integration is in use in this process, else ``core``.
+
+    Airflow's integration counts only beside Airflow itself: its package imports without Airflow (for
+    its metadata, its docs), and a Prefect process that merely imported it is still a Prefect one.
+    """
     modules = sys.modules
-    if "airflow_provider_volcano" in modules:
+    if "airflow_provider_volcano" in modules and "airflow" in modules:
         return "airflow"
     if "prefect_volcano" in modules:
         return "prefect"
