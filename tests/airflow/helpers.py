@@ -106,6 +106,20 @@ def until(what: str, check: Callable[[], T], timeout: float = 180.0, *, stack: S
         time.sleep(0.2)
 
 
+def deferral_processed(stack: Stack, dag_id: str, task_id: str, run_id: str, timeout: float = 180) -> None:
+    """Wait until the scheduler has processed the executor's event for a task's deferring exit.
+
+    A trigger that fires before that meets Airflow's race (apache/airflow#72716, docs/operating.md's
+    Known limits): the scheduler fails the resumed, running task. Tests that free a lock behind a deferred
+    waiter wait for this first, as a user's lock normally outlasts it by far.
+    """
+    event = (
+        "Received executor event with state success for task instance "
+        f"TaskInstanceKey(dag_id='{dag_id}', task_id='{task_id}', run_id='{run_id}'"
+    )
+    until(f"{run_id}'s deferral processed", lambda: event in stack.output("scheduler"), timeout, stack=stack)
+
+
 def users_env(root: Path, users: Mapping[str, tuple[str, str]]) -> dict[str, str]:
     """The simple auth manager's settings for ``users`` (name -> (role, password)), passwords file in root."""
     (root / "passwords.json").write_text(json.dumps({name: pw for name, (_, pw) in users.items()}))

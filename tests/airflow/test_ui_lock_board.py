@@ -23,7 +23,16 @@ from typing import Any
 
 import pytest
 
-from tests.airflow.helpers import CHROMIUM, STACK_DAGS, Stack, VolcanoConn, browser_or_skip, dag_stack, until
+from tests.airflow.helpers import (
+    CHROMIUM,
+    STACK_DAGS,
+    Stack,
+    VolcanoConn,
+    browser_or_skip,
+    dag_stack,
+    deferral_processed,
+    until,
+)
 from volcano_locks import VolcanoLocks
 
 IMAGES = Path(__file__).resolve().parents[2] / "providers" / "volcano" / "docs" / "images"
@@ -112,6 +121,7 @@ def test_board_shows_holder_and_waiters_and_force_release_is_guarded(
     )
     stack.cli("dags", "trigger", "board_waiter_deferred", "--run-id", "board__first")
     until("the deferred waiter", lambda: _state(stack, "board_waiter_deferred") == "deferred", stack=stack)
+    deferral_processed(stack, "board_waiter_deferred", "wait", "board__first")  # the README's Known limits
     stack.cli("dags", "trigger", "board_waiter_slot", "--run-id", "board__second")
     until(
         "the in-slot waiter's marker",
