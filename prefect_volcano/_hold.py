@@ -36,7 +36,8 @@ from volcano_locks.once import OnceRecord
 
 EVENTS_WAIT_POLICY = WaitPolicy(poll=1.0, factor=1.6, cap=60.0, at_expiry=True, mode="event_woken")
 """Looks while release events wake the waiter and acquisitions are announced: only the safety net, at
-the known holder's expiry plus the grace (a crashed holder), else backing off to one a minute."""
+the known holder's expiry plus the grace (a crashed holder) or within about a minute, whichever is first
+(a holder outside Prefect releases without an event), else backing off to one a minute."""
 
 __all__ = ["Holding", "hold", "hold_async"]
 

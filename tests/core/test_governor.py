@@ -30,6 +30,7 @@ from volcano_locks.governor import (
 )
 from volcano_locks.models import LockLease
 from volcano_locks.waiting import SharedPolls, WaitPolicy, _KeyWait, _wait_flow, _Waiter, inform, wake
+from volcano_locks.waiting.policy import JITTER
 
 
 class Clock:
@@ -244,6 +245,24 @@ def test_told_of_releases_the_first_in_line_looks_at_each_expiry_even_of_a_renew
     assert flow.send(None) == Send("get")
     step = flow.send(_held(14.0, fencing=4))  # it renewed: if it dies now, its lease ends at 14 s
     assert isinstance(step, Wait) and step.until - clock.now == pytest.approx(15.1, abs=0.2)
+
+
+def test_told_of_releases_a_long_lease_is_still_looked_at_within_the_cap() -> None:
+    # A holder that no event announces (another client; a lost event) may release a 600 s lease early:
+    # the safety-net look comes within the cap (60 s, jittered), not at the lease's expiry.
+    clock, entry, waiter = Clock(), _KeyWait("k"), _waiter()
+    quiet = dataclasses.replace(EVENTS, report_every=math.inf)
+    flow = _flow(entry, waiter, governor(600, clock), clock, policy=quiet)
+    next(flow)
+    step = flow.send(LockContention("held", holder=_held(600.0, fencing=4)))
+    for _ in range(3):
+        assert isinstance(step, Wait) and 60.0 * (1 - JITTER) <= step.until - clock.now <= 60.0 * (1 + JITTER)
+        clock.now = step.until
+        assert flow.send(None) == Send("get")
+        step = flow.send(_held(600.0, fencing=4))
+    clock.now = step.until  # type: ignore[union-attr]
+    assert flow.send(None) == Send("get")
+    assert flow.send(LockState(held=False)) == Send("acquire")
 
 
 def test_told_of_releases_an_unknown_expiry_backs_off_to_the_cap_without_resets() -> None:

@@ -36,8 +36,9 @@ engine spends deliberately:
   told of a release elsewhere (Prefect events). Polling stays as the safety net. Where releases are
   announced, :func:`inform` also tells the waiters of each new holder, and a policy with
   :attr:`~WaitPolicy.at_expiry` looks only when a known holder's lease would end unrenewed (its
-  ``expires_at`` plus the grace): a line of short holds costs no looks, a crashed holder is taken
-  over about a second after its lease ends.
+  ``expires_at`` plus the grace) or, for a longer lease, about ``cap`` seconds on (its holder may
+  release early where no event announces it): a line of short holds costs no looks, a crashed holder
+  is taken over about a second after its lease ends.
 
 The engine's decisions are one sans-I/O generator (:func:`~volcano_locks.waiting.flow._wait_flow`) that
 yields "wait until" and "send" steps (:mod:`volcano_locks._steps`); :func:`wait_acquire` drives it with

@@ -177,11 +177,14 @@ def _settle(
 
     def look_at_expiry(holder: LockState | None) -> None:
         # Releases wake this waiter: look when the holder's lease ends unrenewed (the first in line
-        # even when it renews); an unknown expiry, or a renewing holder left to the first, backs off.
+        # even when it renews), but no later than about ``cap`` from now: a holder whose release is
+        # announced nowhere (another client, another orchestrator, a lost event) may release a long
+        # lease early. An unknown expiry, or a renewing holder left to the first, backs off.
         passed = holder is None or (entry.renewing and entry.behind > 0)
         until = None if passed or holder is None else until_ended(holder, now=wall, draw=rng())
         if until is not None:
-            entry.next_look_at = now + max(FLOOR, until + entry.behind)
+            at_most = poll_delay(None, poll=policy.cap, now=wall, draw=rng())
+            entry.next_look_at = now + max(FLOOR, min(until + entry.behind, at_most))
             return
         delay = policy.poll if entry.delay is None else entry.delay
         entry.next_look_at = now + poll_delay(None, poll=delay, now=wall, draw=rng())

@@ -74,8 +74,10 @@ class WaitPolicy:
             holders, :func:`inform`): looks are only the safety net for a holder that ends without a
             release (a crash). A holder whose expiry is known is looked at when it ends, at
             ``expires_at`` plus the grace, renewing or not, and not before (a line passing costs no
-            looks); a waiter told it is not first in line (:func:`inform`) leaves a renewing holder's
-            expiry to the first and backs off to ``cap``. The backoff is for an unknown expiry only.
+            looks), but no later than about ``cap`` from the last look (a holder whose release is
+            announced nowhere, such as another client's, may release a long lease early); a waiter
+            told it is not first in line (:func:`inform`) leaves a renewing holder's expiry to the
+            first and backs off to ``cap``. The backoff is for an unknown expiry only.
     """
 
     poll: float = 1.0
