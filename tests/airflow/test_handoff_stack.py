@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import time
 import urllib.error
 from collections.abc import Iterator
@@ -103,10 +104,32 @@ def _finish(stack: Stack, run_ids: tuple[str, ...], timeout: float = 240) -> dic
     return until(f"{run_ids} finished", done, timeout, stack=stack)
 
 
+def _stop_between_writes(stack: Stack) -> None:
+    """SIGSTOP the scheduler at a moment it holds no lock on the SQLite metadata database.
+
+    Stopped inside a transaction it would block every other process's writes: the triggerer could not
+    record its event and the dag processor exits with "database is locked". So: stop it, try to take the
+    database exclusively for a moment, and if that fails let it run on briefly and try again.
+    """
+    scheduler = stack.procs["scheduler"]
+    for _ in range(100):
+        os.killpg(scheduler.pid, signal.SIGSTOP)
+        db = sqlite3.connect(stack.home / "airflow.db", timeout=2, isolation_level=None)
+        try:
+            db.execute("BEGIN EXCLUSIVE")
+            db.execute("ROLLBACK")
+            return
+        except sqlite3.OperationalError:
+            os.killpg(scheduler.pid, signal.SIGCONT)
+            time.sleep(0.2)
+        finally:
+            db.close()
+    raise AssertionError("the scheduler never left the metadata database unlocked")
+
+
 def _at_the_handoff(stack: Stack, outside: VolcanoLocks, key: str, held, runs) -> tuple[str, str, int]:  # type: ignore[no-untyped-def]
     """Stop the scheduler, release the test's lease: a trigger takes it, its run stays scheduled."""
-    scheduler = stack.procs["scheduler"]
-    os.killpg(scheduler.pid, signal.SIGSTOP)
+    _stop_between_writes(stack)
     outside.release(key, held)
     # Not ``stack=stack``: the scheduler is stopped on purpose.
     fencing = until("the trigger's acquisition", lambda: _holder(outside, key), 60)

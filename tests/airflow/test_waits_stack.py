@@ -218,8 +218,11 @@ def test_a_user_action_at_the_handoff_frees_the_lease_within_seconds(
     tag = f"{action.replace(' ', '_')}_{'w' if waiter == 'deferred waiter' else 'n'}"
     owner, other = f"{tag}_owner", f"{tag}_next"
     held = _at_the_handoff(stack, outside, unique_key, owner)
+    # After a clear the cleared task's next try and the waiter take turns: whoever goes second may defer
+    # behind the first, so the first holds 20 s (Airflow's race: the README's Known limits).
+    seconds = 20.0 if action == "clear" else 1.0
     if waiter == "deferred waiter":
-        _trigger(stack, LINE_DAG, other, unique_key, seconds=1.0, break_file="")
+        _trigger(stack, LINE_DAG, other, unique_key, seconds=seconds, break_file="")
         _deferred(stack, LINE_DAG, other, unique_key)
     outside.release(unique_key, held)
     fencing = until("the owner's trigger acquiring", lambda: _holder(outside, unique_key), 120, stack=stack)
@@ -228,25 +231,30 @@ def test_a_user_action_at_the_handoff_frees_the_lease_within_seconds(
     assert _state(stack, GATED_DAG, owner) == "scheduled" and _holder(outside, unique_key) == fencing
     acted, acted_at = time.monotonic(), time.time()
     _act(stack, action, owner)
+    if action == "clear":
+        # The cleared task's own next try frees its predecessor's lease at its first refusal, so the gate
+        # opens for it. A deferred waiter sees a clear itself only if its watch looks in the moment the
+        # cleared try has no state, before the scheduler reschedules it (issue 28's gap: docs/airflow.md).
+        stack.cli("pools", "set", GATE, "1", "the waits tests' gate")
     if waiter == "no deferred waiter":
-        if action == "clear":  # the cleared task's own next try may start: it frees its predecessor's lease
-            stack.cli("pools", "set", GATE, "1", "the waits tests' gate")
-            # ... and ends at once; the other run starts after it, so neither defers behind the other's
-            # instant hold and resumes at once (Airflow's race: the README's Known limits).
+        if action == "clear":
+            # The next try ends at once; the other run starts after it, so neither defers behind the
+            # other's instant hold and resumes at once (Airflow's race: the README's Known limits).
             ended = lambda: _state(stack, GATED_DAG, owner) == "success"  # noqa: E731
             until(f"{owner}'s next try", ended, 300, stack=stack)
-        _trigger(stack, LINE_DAG, other, unique_key, seconds=1.0, break_file="")
+        _trigger(stack, LINE_DAG, other, unique_key, seconds=seconds, break_file="")
     took = _freed_after(stack, outside, unique_key, fencing, acted)
     freed_at = time.time()
     MEASURED[f"{action}, {waiter}"] = took
     print(
         f"{action} at the handoff, {waiter}: freed and taken by the next waiter {took:.2f} s after the action"
     )
-    if waiter == "deferred waiter":
+    if waiter == "deferred waiter" and action != "clear":
         assert took < FREED_BOUND, took
     else:
-        # With no waiter deferred, a task has to start first (Airflow's trigger, scheduling and a worker
-        # start: tens of seconds on a loaded machine); the bound is from that start (its first refusal).
+        # With no waiter deferred, or after a clear, a task has to start first (Airflow's trigger,
+        # scheduling and a worker start: tens of seconds on a loaded machine); the bound is from that start
+        # (its first refusal).
         started = _started_since(stack, [(GATED_DAG, owner), (LINE_DAG, other)], acted_at)
         print(f"  ... {freed_at - started:.2f} s after the first task that started after the action")
         MEASURED[f"{action}, {waiter}, from that start"] = freed_at - started
