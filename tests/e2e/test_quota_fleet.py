@@ -64,7 +64,10 @@ def test_five_holders_keep_their_locks_while_the_same_process_waits_on_thirty_ke
     assert holders_lost == []
     assert refused_keeping(quota_server) == []
     handoffs = {k: got_at.get(k, float("inf")) - released_at[k] for k in released_at}
-    assert all(0 <= d <= 30 for d in handoffs.values()), handoffs
+    # Each released key is seen at its next look: the process starts waiting at half its budget (60 reads
+    # a minute, volcano_locks/governor.py) shared by thirty keys, about one look per key every 30 s, each
+    # sleep jittered by up to 35 %: 45 s covers it (CI saw one key just over 30 s).
+    assert all(0 <= d <= 45 for d in handoffs.values()), handoffs
     assert set(got_at) == set(released_at)  # and the others were still waiting when they gave up
     spent = [
         r for r in quota_server.requests() if r.get("op") in ("get", "acquire") and unique_key in r["path"]
