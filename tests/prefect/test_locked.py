@@ -549,15 +549,28 @@ def test_the_loss_message_says_what_is_true(unique_key: str, retries: int, told:
     assert states[0].is_failed() == (retries == 0)
 
 
-def test_a_waiting_task_says_so(unique_key: str) -> None:
+def test_a_waiting_task_says_so(unique_key: str, volcano_server: Any) -> None:
     f, states = collecting_flow(token_task(unique_key, wait_timeout=30))
 
+    def looked() -> bool:
+        # The task's attempt was refused and its engine has looked at the lock (the look that names
+        # the holder for the report); a fixed delay lost the race with a flow start on a busy machine.
+        ops = [r.get("op") for r in volcano_server.requests() if unique_key in r.get("path", "")]
+        return "acquire" in ops[1:] and "get" in ops
+
+    def release_once_looked() -> None:
+        deadline = time.monotonic() + 60  # a hang catcher: the flow's start takes seconds, not a minute
+        while not looked() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)
+        holder.release(unique_key, lease)
+
     with VolcanoLocks() as holder:
-        lease = holder.acquire(unique_key, 10)
-        timer = threading.Timer(1.0, holder.release, args=(unique_key, lease))
-        timer.start()
+        lease = holder.acquire(unique_key, 120)  # never lapses before the task waits
+        releaser = threading.Thread(target=release_once_looked, name="says-so-releaser")
+        releaser.start()
         f()
-        timer.join()
+        releaser.join(90)
     logs = run_logs(states[0])
     # The contract's 409 does not name the holder; the engine's later reports do, once it has looked.
     waiting = f"Waiting for lock '{unique_key}', held by another run"
