@@ -113,6 +113,27 @@ def prefect_server(
             server.wait()
 
 
+def release_once_waiting(server: Any, holder: VolcanoLocks, key: str, lease: Any) -> threading.Thread:
+    """Release ``lease`` (held by ``holder``) from a thread once a task's attempt on ``key`` was refused
+    and its engine has looked at the lock (the look that names the holder for the waiting report and
+    event). A fixed delay lost the race with a flow's start on a busy machine. Join it after the flow."""
+
+    def looked() -> bool:
+        ops = [r.get("op") for r in server.requests() if key in r.get("path", "")]
+        return "acquire" in ops[1:] and "get" in ops
+
+    def release() -> None:
+        deadline = time.monotonic() + 60  # a hang catcher: a flow starts in seconds, not a minute
+        while not looked() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)
+        holder.release(key, lease)
+
+    thread = threading.Thread(target=release, name="release-once-waiting")
+    thread.start()
+    return thread
+
+
 def token_task(key: str, **options: Any) -> Any:
     """A task under ``locked_task(key, **options)`` that returns the fencing token of its lease."""
 

@@ -22,6 +22,7 @@ from tests.prefect.helpers import (
     force_release_when,
     lock_events,
     related_ids,
+    release_once_waiting,
     token_task,
 )
 from volcano_locks import OwnershipLost, VolcanoLocks
@@ -64,7 +65,9 @@ def test_acquired_released_and_skipped_events_name_the_lock_and_the_runs(
     assert_no_secret(events, credentials)
 
 
-def test_waiting_and_lost_events(unique_key: str, credentials: VolcanoCredentials) -> None:
+def test_waiting_and_lost_events(
+    unique_key: str, credentials: VolcanoCredentials, volcano_server: Any
+) -> None:
     started = threading.Event()
 
     @task
@@ -83,12 +86,11 @@ def test_waiting_and_lost_events(unique_key: str, credentials: VolcanoCredential
         states.append(job(return_state=True))
 
     with VolcanoLocks() as holder:
-        lease = holder.acquire(unique_key, 10)
-        timer = threading.Timer(1.5, holder.release, args=(unique_key, lease))
-        timer.start()
+        lease = holder.acquire(unique_key, 120)  # never lapses before the task waits
+        releaser = release_once_waiting(volcano_server, holder, unique_key, lease)
         thread = force_release_when(started, unique_key)
         f()
-        timer.join()
+        releaser.join(90)
         thread.join()
     with pytest.raises(OwnershipLost):
         states[0].result()

@@ -26,6 +26,7 @@ from tests.prefect.helpers import (
     assert_failed_with,
     collecting_flow,
     force_release_when,
+    release_once_waiting,
     run_logs,
     token_flow,
     token_task,
@@ -552,23 +553,9 @@ def test_the_loss_message_says_what_is_true(unique_key: str, retries: int, told:
 def test_a_waiting_task_says_so(unique_key: str, volcano_server: Any) -> None:
     f, states = collecting_flow(token_task(unique_key, wait_timeout=30))
 
-    def looked() -> bool:
-        # The task's attempt was refused and its engine has looked at the lock (the look that names
-        # the holder for the report); a fixed delay lost the race with a flow start on a busy machine.
-        ops = [r.get("op") for r in volcano_server.requests() if unique_key in r.get("path", "")]
-        return "acquire" in ops[1:] and "get" in ops
-
-    def release_once_looked() -> None:
-        deadline = time.monotonic() + 60  # a hang catcher: the flow's start takes seconds, not a minute
-        while not looked() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(0.5)
-        holder.release(unique_key, lease)
-
     with VolcanoLocks() as holder:
         lease = holder.acquire(unique_key, 120)  # never lapses before the task waits
-        releaser = threading.Thread(target=release_once_looked, name="says-so-releaser")
-        releaser.start()
+        releaser = release_once_waiting(volcano_server, holder, unique_key, lease)
         f()
         releaser.join(90)
     logs = run_logs(states[0])
