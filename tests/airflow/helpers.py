@@ -120,6 +120,34 @@ def deferral_processed(stack: Stack, dag_id: str, task_id: str, run_id: str, tim
     until(f"{run_id}'s deferral processed", lambda: event in stack.output("scheduler"), timeout, stack=stack)
 
 
+def deferred_and_waiting(
+    stack: Stack, dag_id: str, run_id: str, key: str, *, task_id: str = "hold", timeout: float = 180
+) -> None:
+    """Wait until ``run_id``'s task is deferred, the scheduler has processed its deferring exit
+    (:func:`deferral_processed`), and its trigger has said it is waiting for ``key``."""
+    until(
+        f"{run_id} deferred",
+        lambda: (
+            stack.query(
+                "SELECT state FROM task_instance WHERE dag_id = ? AND task_id = ? AND run_id = ?",
+                dag_id,
+                task_id,
+                run_id,
+            )
+            == [("deferred",)]
+        ),
+        timeout,
+        stack=stack,
+    )
+    deferral_processed(stack, dag_id, task_id, run_id, timeout)
+    until(
+        f"{run_id}'s trigger waiting",
+        lambda: f"Still waiting for lock {key!r}" in stack.logs(run_id),
+        timeout,
+        stack=stack,
+    )
+
+
 def users_env(root: Path, users: Mapping[str, tuple[str, str]]) -> dict[str, str]:
     """The simple auth manager's settings for ``users`` (name -> (role, password)), passwords file in root."""
     (root / "passwords.json").write_text(json.dumps({name: pw for name, (_, pw) in users.items()}))

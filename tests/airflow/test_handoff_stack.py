@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_volcano._handoff import LOOK_EVERY
-from tests.airflow.helpers import STACK_DAGS, Stack, VolcanoConn, dag_stack, deferral_processed, until
+from tests.airflow.helpers import STACK_DAGS, Stack, VolcanoConn, dag_stack, deferred_and_waiting, until
 from volcano_locks import VolcanoLocks
 
 pytestmark = pytest.mark.slow
@@ -77,16 +77,10 @@ def _two_waiters(  # type: ignore[type-arg]
     for run_id, flag in ((first, break_file), (second, "")):
         conf = json.dumps({"lock_key": key, "seconds": seconds, "break_file": flag})
         stack.cli("dags", "trigger", DAG_ID, "--run-id", run_id, "--conf", conf)
-        until(f"{run_id} deferred", lambda r=run_id: _ti_state(stack, r)[0] == "deferred", stack=stack)
-        # The scheduler has processed the deferring exit: a resume before that is Airflow's race (the
-        # README's Known limits), not what these tests are about.
-        deferral_processed(stack, DAG_ID, "hold", run_id)
-        # Its trigger is running in the triggerer (first come, first served on the key).
-        until(
-            f"{run_id}'s trigger",
-            lambda r=run_id: f"Still waiting for lock {key!r}" in stack.logs(r),
-            stack=stack,
-        )
+        # Deferred, the scheduler has processed the deferring exit (a resume before that is Airflow's race,
+        # the README's Known limits, not what these tests are about), and its trigger is running in the
+        # triggerer (first come, first served on the key).
+        deferred_and_waiting(stack, DAG_ID, run_id, key)
     return held, (first, second)
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.airflow.helpers import STACK_DAGS, Stack, VolcanoConn, dag_stack, deferral_processed, until
+from tests.airflow.helpers import STACK_DAGS, Stack, VolcanoConn, dag_stack, deferred_and_waiting, until
 from volcano_locks import LockLease, VolcanoLocks
 
 pytestmark = pytest.mark.slow
@@ -81,14 +81,7 @@ def _trigger(stack: Stack, dag_id: str, run_id: str, key: str, **params: object)
 
 
 def _deferred(stack: Stack, dag_id: str, run_id: str, key: str) -> None:
-    until(f"{run_id} deferred", lambda: _state(stack, dag_id, run_id) == "deferred", 300, stack=stack)
-    deferral_processed(stack, dag_id, "hold", run_id, 300)  # Airflow's race: the README's Known limits
-    until(
-        f"{run_id}'s trigger waiting",
-        lambda: f"Still waiting for lock {key!r}" in stack.logs(run_id),
-        300,
-        stack=stack,
-    )
+    deferred_and_waiting(stack, dag_id, run_id, key, timeout=300)  # Airflow's race: the README's Known limits
 
 
 def _ops(conn: VolcanoConn, key: str, since: float = 0.0) -> list[dict[str, object]]:
@@ -240,8 +233,12 @@ def test_a_user_action_at_the_handoff_frees_the_lease_within_seconds(
         if action == "clear":
             # The next try ends at once; the other run starts after it, so neither defers behind the
             # other's instant hold and resumes at once (Airflow's race: the README's Known limits).
-            ended = lambda: _state(stack, GATED_DAG, owner) == "success"  # noqa: E731
-            until(f"{owner}'s next try", ended, 300, stack=stack)
+            until(
+                f"{owner}'s next try",
+                lambda: _state(stack, GATED_DAG, owner) == "success",
+                300,
+                stack=stack,
+            )
         _trigger(stack, LINE_DAG, other, unique_key, seconds=seconds, break_file="")
     took = _freed_after(stack, outside, unique_key, fencing, acted)
     freed_at = time.time()
