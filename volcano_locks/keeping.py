@@ -25,6 +25,7 @@ from volcano_locks.errors import ErrorCode, OwnershipLost
 from volcano_locks.guard import AsyncLockGuard, LockGuard, _InterruptedByLoss, _Interrupter
 from volcano_locks.models import LockLease
 from volcano_locks.renewal import (
+    STOP_REACH,
     AsyncLeaseKeeper,
     KeeperTiming,
     LeaseKeeper,
@@ -47,9 +48,15 @@ class _AsyncKeepClient(Protocol):
     async def renew_within(self, lease: LockLease, timeout: float) -> LockLease: ...
 
 
-def _timing(client_timeout: float, lease: LockLease) -> KeeperTiming:
-    """The keeper's timing for ``lease``; no safe window left is loss before the block starts."""
-    timing = KeeperTiming(request_timeout=renewal_timeout(client_timeout, lease.ttl))
+def _timing(client_timeout: float, lease: LockLease, *, stops_block: bool) -> KeeperTiming:
+    """The keeper's timing for ``lease``; no safe window left is loss before the block starts.
+
+    A keeper that stops its block on loss renews early enough (``STOP_REACH``) that the block is
+    stopped within a third of the TTL of the loss, round trip included.
+    """
+    timing = KeeperTiming(
+        request_timeout=renewal_timeout(client_timeout, lease.ttl), reach=STOP_REACH if stops_block else 1.0
+    )
     if lease_clock() >= safe_window_end(lease, timing):
         raise OwnershipLost(
             f"lease of lock {lease.key!r} has no safe renewal window left; block not entered",
@@ -91,7 +98,9 @@ def keep(
         if on_loss is not None:
             on_loss(loss)
 
-    keeper = LeaseKeeper(lease, client.renew_within, timing=_timing(client.timeout, lease), on_loss=lost)
+    keeper = LeaseKeeper(
+        lease, client.renew_within, timing=_timing(client.timeout, lease, stops_block=interrupt), on_loss=lost
+    )
 
     def stop() -> None:
         if interrupter is not None:
@@ -138,7 +147,9 @@ async def async_keep(
             on_loss(loss)
 
     renew: Callable[[LockLease, float], Awaitable[LockLease]] = client.renew_within
-    keeper = AsyncLeaseKeeper(lease, renew, timing=_timing(client.timeout, lease), on_loss=lost)
+    keeper = AsyncLeaseKeeper(
+        lease, renew, timing=_timing(client.timeout, lease, stops_block=True), on_loss=lost
+    )
     keeper.start()
     exc: BaseException | None = None
     try:

@@ -1,8 +1,10 @@
 """Fleet behaviour on real Airflow processes (api-server, scheduler with LocalExecutor, dag processor,
-triggerer): resumes slower than the TTL, a real SIGTERM, and two runs of one lock group.
+triggerer): resumes slower than the TTL, a real SIGTERM, two runs of one lock group, and a group member
+whose lease is force released while it writes.
 
 One stack serves the module (starting one costs about a minute on two cores). Its DAGs folder holds
-the example ``volcano_warehouse_swap`` and the test-only DAGs of ``stack_dags/volcano_fleet_dags.py``.
+the example ``volcano_warehouse_swap`` and the test-only DAGs of ``stack_dags/volcano_fleet_dags.py`` and
+``stack_dags/volcano_hold_dags.py``.
 
 How a resume is made slow, honestly, on LocalExecutor: the test task has a ``pre_execute`` hook that
 sleeps 8 s on every start, resumes included. From the lock's side that is exactly what a pod start
@@ -27,7 +29,14 @@ from volcano_locks.fencing import FencedTable
 
 pytestmark = pytest.mark.slow
 
-FLEET_DAGS = ("volcano_slow_resume", "volcano_slow_resume_lapse", "volcano_sigterm", "volcano_warehouse_swap")
+FLEET_DAGS = (
+    "volcano_slow_resume",
+    "volcano_slow_resume_lapse",
+    "volcano_sigterm",
+    "volcano_warehouse_swap",
+    "volcano_hold_member",
+)
+MEMBER_TTL = 6  # volcano_hold_member's group
 RESUMED = re.compile(
     r"Trigger acquired lock '([^']+)' \(fencing token (\d+)\) ([0-9.]+) s before this resume"
 )
@@ -35,7 +44,11 @@ RESUMED = re.compile(
 
 @pytest.fixture(scope="module")
 def fleet(airflow_db: Path, session_conn: VolcanoConn, tmp_path_factory) -> Iterator[Stack]:
-    dags = [STACK_DAGS / "volcano_fleet_dags.py", DAGS / "volcano_warehouse_swap.py"]
+    dags = [
+        STACK_DAGS / "volcano_fleet_dags.py",
+        STACK_DAGS / "volcano_hold_dags.py",
+        DAGS / "volcano_warehouse_swap.py",
+    ]
     with dag_stack(airflow_db, session_conn, tmp_path_factory.mktemp("fleet"), dags, FLEET_DAGS) as stack:
         yield stack
 
@@ -224,3 +237,43 @@ def test_two_runs_of_one_lock_group_run_one_after_the_other_the_second_deferred(
     assert [w.resource for w in first] == [f"staging:{unique_key}"] * steps + [f"live:{unique_key}"]
     assert len(_one_holder_at_a_time(volcano_conn, unique_key)) == 2
     assert not outside.get(unique_key).held
+
+
+def test_a_group_member_whose_lease_is_force_released_stops_within_a_third_of_the_ttl(
+    fleet: Stack, volcano_conn, outside, unique_key, tmp_path: Path
+) -> None:
+    """Issue 27: the member holds through the one hold (keep with interrupt), renewing a little before each
+    third of the TTL, so the force release stops its body at the first renewal after it."""
+    trace = tmp_path / "trace.txt"
+    conf = {"lock_key": unique_key, "trace": str(trace), "seconds": 10.0 * MEMBER_TTL}
+    _trigger(fleet, "volcano_hold_member", ["member"], conf)
+    deadline = time.monotonic() + 180
+    while not trace.exists() or len(trace.read_text().split()) < 20:  # a second of writes
+        fleet.alive()
+        assert time.monotonic() < deadline, "the member never wrote"
+        time.sleep(0.2)
+    forced = time.monotonic()
+    outside.force_release(unique_key)
+    states, _ = _finish(fleet, "volcano_hold_member", ["member"], 120)
+    tasks = dict(
+        fleet.query(
+            "SELECT task_id, state FROM task_instance WHERE dag_id = 'volcano_hold_member' AND run_id = 'member'"
+        )
+    )
+    assert tasks == {"hold_acquire": "success", "write": "failed", "hold_release": "success"}, fleet.report(
+        "member"
+    )
+    after = [
+        r
+        for r in volcano_conn.requests()
+        if r.get("path", "").endswith(f"/locks/{unique_key}/lease") and (r.get("mono") or 0) >= forced
+    ]
+    assert [(r["op"], r["status"]) for r in after][:1] == [("renew", 409)], after
+    refused = after[0]["mono_end"] or after[0]["mono"]
+    lines = [float(line) for line in trace.read_text().split()]
+    assert len([t for t in lines if t > refused]) <= 1, (refused, lines[-3:])  # at most the step under way
+    assert "its body was stopped" in fleet.logs("member")
+    print(
+        f"member: renewal refused {refused - forced:.2f} s and last write {lines[-1] - forced:.2f} s after the "
+        f"force release (ttl {MEMBER_TTL} s, a third: {MEMBER_TTL / 3:.2f} s)"
+    )

@@ -13,9 +13,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from volcano_locks.clock import lease_clock
 from volcano_locks.errors import AuthError, ErrorCode, OwnershipLost, RateLimited, TransportError, Unavailable
+from volcano_locks.keeping import _timing as _keep_timing
 from volcano_locks.models import LockLease
 from volcano_locks.renewal import (
+    STOP_REACH,
     AsyncLeaseKeeper,
     KeeperTiming,
     LeaseKeeper,
@@ -95,6 +98,20 @@ def test_jitter_is_within_ten_percent_for_random_draws() -> None:
     rng = random.Random(7)
     dues = [renewal_due(lease(ttl=30, sent=0.0), T30, rng.random()) for _ in range(2000)]
     assert 9.0 <= min(dues) < 9.1 and 10.9 < max(dues) <= 11.0
+
+
+def test_a_hold_that_stops_its_body_renews_inside_the_third() -> None:
+    """``STOP_REACH``: the jittered interval leaves 12 % of a third for the round trip and the interrupt."""
+    timing = dataclasses.replace(T30, reach=STOP_REACH)
+    rng = random.Random(11)
+    dues = [renewal_due(lease(ttl=30, sent=0.0), timing, rng.random()) for _ in range(2000)]
+    assert 7.2 <= min(dues) < 7.3 and 8.7 < max(dues) <= 8.8  # 72-88 % of the 10 s third
+
+
+def test_keep_stops_its_block_at_the_stop_reach_and_only_then() -> None:
+    held = lease(ttl=30, sent=lease_clock())
+    assert _keep_timing(10.0, held, stops_block=True).reach == STOP_REACH
+    assert _keep_timing(10.0, held, stops_block=False).reach == 1.0
 
 
 def test_ttl30_with_little_time_left() -> None:
