@@ -7,8 +7,8 @@ by default in Airflow 3.3). Listing it in both places would load it twice when d
 and Airflow would report the second as a plugin import error, so ``provider.yaml`` does not list it.
 
 Every Airflow process loads entry-point plugins, task processes included, so the board's FastAPI app
-(a few seconds of imports) is built only when something asks for ``fastapi_apps``: the api-server
-and ``airflow plugins``.
+and the API server's middleware (a few seconds of imports) are built only when something asks for
+``fastapi_apps`` or ``fastapi_root_middlewares``: the api-server and ``airflow plugins``.
 """
 
 from __future__ import annotations
@@ -22,25 +22,28 @@ __all__ = ["URL_PREFIX", "VolcanoLocksPlugin"]
 URL_PREFIX = "/volcano-locks"
 
 
-class _BoardApps:
-    """``fastapi_apps``, built on first read (on the class or an instance), then the same list."""
+class _Built:
+    """A plugin attribute read from the board's app module, imported on first read (on the class or an
+    instance); then the same list."""
 
-    def __init__(self) -> None:
-        self._apps: list[dict[str, Any]] | None = None
+    def __init__(self, name: str) -> None:
+        self._name = name
 
     def __get__(self, instance: object, owner: type | None = None) -> list[dict[str, Any]]:
-        if self._apps is None:
-            from airflow_provider_volcano.plugins.app import app
+        from airflow_provider_volcano.plugins import app
 
-            self._apps = [{"app": app, "url_prefix": URL_PREFIX, "name": "Volcano locks"}]
-        return self._apps
+        built: list[dict[str, Any]] = getattr(app, self._name)
+        return built
 
 
 class VolcanoLocksPlugin(AirflowPlugin):
-    """Ships the lock board's FastAPI app, a "Volcano locks" page under Browse and a "Lock" tab."""
+    """Ships the lock board's FastAPI app, a "Volcano locks" page under Browse and a "Lock" tab, and the
+    API server's middleware that frees the handoff lease of a task try a user cleared or marked
+    (:mod:`airflow_provider_volcano.plugins.actions`)."""
 
     name = "volcano_locks"
-    fastapi_apps = _BoardApps()
+    fastapi_apps = _Built("PLUGIN_APPS")
+    fastapi_root_middlewares = _Built("ROOT_MIDDLEWARES")
     external_views = [  # noqa: RUF012
         {
             "name": "Volcano locks",

@@ -36,7 +36,9 @@ from fastapi import Depends, FastAPI, Form, HTTPException, Request, Response
 from fastapi.responses import HTMLResponse, JSONResponse
 
 from airflow_provider_volcano.hooks.volcano import VolcanoHook
+from airflow_provider_volcano.plugins import URL_PREFIX
 from airflow_provider_volcano.plugins.access import Access
+from airflow_provider_volcano.plugins.actions import UserActions
 from airflow_provider_volcano.plugins.board import Board, GovernedReader, LockRow, collect, resolve_holder
 from airflow_provider_volcano.records.forced import ForcedRecord, forced_variable
 from airflow_provider_volcano.records.opened import sealed
@@ -45,7 +47,15 @@ from volcano_locks import InvalidRequest, VolcanoError, validate_key
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
-__all__ = ["FORCE_RELEASE_EVENT", "FORCE_RELEASE_REFUSED_EVENT", "FRAME_HEADERS", "NOT_ATOMIC", "app"]
+__all__ = [
+    "FORCE_RELEASE_EVENT",
+    "FORCE_RELEASE_REFUSED_EVENT",
+    "FRAME_HEADERS",
+    "NOT_ATOMIC",
+    "PLUGIN_APPS",
+    "ROOT_MIDDLEWARES",
+    "app",
+]
 
 FORCE_RELEASE_EVENT = "volcano_lock_force_release"
 FORCE_RELEASE_REFUSED_EVENT = "volcano_lock_force_release_refused"
@@ -64,6 +74,12 @@ CONFIRMATION = (
 )
 
 app = FastAPI(title="Volcano locks", description="Who holds each Volcano lock, who waits, and force release.")
+PLUGIN_APPS = [{"app": app, "url_prefix": URL_PREFIX, "name": "Volcano locks"}]
+"""The plugin's ``fastapi_apps``."""
+ROOT_MIDDLEWARES = [
+    {"middleware": UserActions, "name": "Volcano locks: free the handoff a user's action ended"}
+]
+"""The plugin's ``fastapi_root_middlewares``."""
 
 
 @app.middleware("http")

@@ -11,12 +11,11 @@ SQLite and the session's local lock server:
 * **user actions at the handoff**: a run of ``volcano_waits_gated`` (pool ``waits_gate``) defers, the
   pool is set to no slots, and the test releases its lease: the run's trigger acquires for it and the
   run cannot resume (``scheduled``). Then it is marked failed or cleared through the REST API, and the
-  lease is freed: by a waiter already deferred (its trigger's look at the handoff record), or, with no
-  waiter deferred, by a run triggered after the action (its first refusal frees it). Freed within
-  ``FREED_BOUND`` (the issue's aim is 10 s; the bound is generous for a shared two-core machine; the
-  measured figures are printed).
+  lease is freed within ``FREED_BOUND`` (the issue's 10 s) with the gate still closed: by the API server
+  that took the action (``plugins/actions.py``), or by a waiter already deferred if its watch is first.
+  With no waiter deferred nothing else runs, so it must be the API server.
 
-Bounds are only generous hang catchers; the figures the issue asks for are printed.
+``PICKUP_BOUND`` is only a hang catcher; the figures the issue asks for are printed.
 """
 
 from __future__ import annotations
@@ -41,8 +40,8 @@ LONG = 90.0
 LINE = 2
 PICKUP_BOUND = 10.0
 """Release -> the next trigger's acquisition, at most (aim: about 1 s; a hang catcher here)."""
-FREED_BOUND = 30.0
-"""A user's action at the handoff -> the lease freed and taken by the next waiter, at most (aim: 10 s)."""
+FREED_BOUND = 10.0
+"""A user's action at the handoff -> the lease freed, at most (the issue's aim)."""
 REQUESTS_A_MINUTE_BOUND = 40
 """Volcano requests a minute on the key while the long hold lasts, at most (the holder's renewals
 included: ttl 10 s renews about 18 times a minute)."""
@@ -166,25 +165,6 @@ def _freed_after(stack: Stack, outside: VolcanoLocks, key: str, fencing: int, si
     return time.monotonic() - since
 
 
-def _started_since(stack: Stack, runs: list[tuple[str, str]], since: float) -> float:
-    """The earliest start (epoch seconds) of these runs' task instances at or after ``since``."""
-    from datetime import UTC, datetime
-
-    starts = []
-    for dag_id, run_id in runs:
-        rows = stack.query(
-            "SELECT start_date FROM task_instance WHERE dag_id = ? AND run_id = ?", dag_id, run_id
-        )
-        for (value,) in rows:
-            if value:
-                when = datetime.fromisoformat(str(value))
-                epoch = (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
-                if epoch >= since - 1.0:
-                    starts.append(epoch)
-    assert starts, f"no task of {runs} started after the action"
-    return min(starts)
-
-
 def _act(stack: Stack, action: str, run_id: str) -> None:
     if action == "mark failed":
         stack.rest(
@@ -222,13 +202,18 @@ def test_a_user_action_at_the_handoff_frees_the_lease_within_seconds(
     until(f"{owner} at the handoff", lambda: _state(stack, GATED_DAG, owner) == "scheduled", 120, stack=stack)
     time.sleep(3)  # it stays there: the gate is closed
     assert _state(stack, GATED_DAG, owner) == "scheduled" and _holder(outside, unique_key) == fencing
-    acted, acted_at = time.monotonic(), time.time()
+    acted = time.monotonic()
     _act(stack, action, owner)
-    if action == "clear":
-        # The cleared task's own next try frees its predecessor's lease at its first refusal, so the gate
-        # opens for it. A deferred waiter sees a clear itself only if its watch looks in the moment the
-        # cleared try has no state, before the scheduler reschedules it (issue 28's gap: docs/airflow.md).
-        stack.cli("pools", "set", GATE, "1", "the waits tests' gate")
+    # The gate stays closed and, with no waiter deferred, nothing else runs: only the API server, which
+    # took the action, can free the lease now (plugins/actions.py); a deferred waiter's watch may be first.
+    took = _freed_after(stack, outside, unique_key, fencing, acted)
+    MEASURED[f"{action}, {waiter}"] = took
+    print(f"{action} at the handoff, {waiter}: freed {took:.2f} s after the action")
+    assert took < FREED_BOUND, (took, stack.output("api-server")[-3000:])
+    api_server = stack.output("api-server")
+    if waiter == "no deferred waiter":
+        assert "(after a user's action in the API server)" in api_server, api_server[-3000:]
+    stack.cli("pools", "set", GATE, "1", "the waits tests' gate")
     if waiter == "no deferred waiter":
         if action == "clear":
             # The next try ends at once; the other run starts after it, so neither defers behind the
@@ -240,22 +225,6 @@ def test_a_user_action_at_the_handoff_frees_the_lease_within_seconds(
                 stack=stack,
             )
         _trigger(stack, LINE_DAG, other, unique_key, seconds=seconds, break_file="")
-    took = _freed_after(stack, outside, unique_key, fencing, acted)
-    freed_at = time.time()
-    MEASURED[f"{action}, {waiter}"] = took
-    print(
-        f"{action} at the handoff, {waiter}: freed and taken by the next waiter {took:.2f} s after the action"
-    )
-    if waiter == "deferred waiter" and action != "clear":
-        assert took < FREED_BOUND, took
-    else:
-        # With no waiter deferred, or after a clear, a task has to start first (Airflow's trigger,
-        # scheduling and a worker start: tens of seconds on a loaded machine); the bound is from that start
-        # (its first refusal).
-        started = _started_since(stack, [(GATED_DAG, owner), (LINE_DAG, other)], acted_at)
-        print(f"  ... {freed_at - started:.2f} s after the first task that started after the action")
-        MEASURED[f"{action}, {waiter}, from that start"] = freed_at - started
-        assert freed_at - started < FREED_BOUND, (freed_at - started, took)
     until(f"{other} ran", lambda: _state(stack, LINE_DAG, other) == "success", 300, stack=stack)
-    logs = stack.logs(other) + stack.logs(owner)
+    logs = stack.logs(other) + stack.logs(owner) + stack.output("api-server")
     assert f"it was held for the handoff to {GATED_DAG}.hold" in logs, logs[-3000:]
