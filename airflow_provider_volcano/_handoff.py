@@ -3,9 +3,9 @@
 A deferred task's trigger acquires the lock *for* its task with ``handoff_ttl`` (300 s by default) and
 ends; the task resumes later in a worker. Until it does, the lease belongs to a task try that may never
 run: a user marks it failed or success, clears it, or the resumed try dies before its body. Airflow tells
-no provider code of those on the components that run every user action (the API server calls listeners
-for a state set through the UI or REST, not for a clear; nothing runs for a try that dies on the worker
-before the task code), so the waiters do the looking: the trigger writes a record at the handoff, an
+no provider code of a clear, nor of a try that dies on the worker before the task code, so the record is
+looked at where those show: by the waiters, and by the API server right after a user's clear or state
+set (:mod:`airflow_provider_volcano.plugins.actions`). The trigger writes a record at the handoff, an
 Airflow Variable ``volcano_lock_handoff:<lock key>`` (JSON: the lock key, the fencing token, the lease's
 expiry and the owner try's public identity, nonce included), and the resumed task deletes it once it
 holds the lease. The record is sealed under the service key and bound to its lease (lock key,
