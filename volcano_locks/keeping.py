@@ -25,6 +25,7 @@ from volcano_locks.errors import ErrorCode, OwnershipLost
 from volcano_locks.guard import AsyncLockGuard, LockGuard, _InterruptedByLoss, _Interrupter
 from volcano_locks.models import LockLease
 from volcano_locks.renewal import (
+    STOP_JITTER,
     STOP_REACH,
     AsyncLeaseKeeper,
     KeeperTiming,
@@ -51,12 +52,14 @@ class _AsyncKeepClient(Protocol):
 def _timing(client_timeout: float, lease: LockLease, *, stops_block: bool) -> KeeperTiming:
     """The keeper's timing for ``lease``; no safe window left is loss before the block starts.
 
-    A keeper that stops its block on loss renews early enough (``STOP_REACH``) that the block is
-    stopped within a third of the TTL of the loss, round trip included.
+    A keeper that stops its block on loss renews early enough (``STOP_REACH``, ``STOP_JITTER``) that the
+    block is stopped within a third of the TTL of the loss, round trip included.
     """
-    timing = KeeperTiming(
-        request_timeout=renewal_timeout(client_timeout, lease.ttl), reach=STOP_REACH if stops_block else 1.0
-    )
+    timeout = renewal_timeout(client_timeout, lease.ttl)
+    if stops_block:
+        timing = KeeperTiming(request_timeout=timeout, reach=STOP_REACH, jitter=STOP_JITTER)
+    else:
+        timing = KeeperTiming(request_timeout=timeout)
     if lease_clock() >= safe_window_end(lease, timing):
         raise OwnershipLost(
             f"lease of lock {lease.key!r} has no safe renewal window left; block not entered",

@@ -46,6 +46,7 @@ from volcano_locks.models import LockLease
 from volcano_locks.telemetry import record
 
 __all__ = [
+    "STOP_JITTER",
     "STOP_REACH",
     "AsyncLeaseKeeper",
     "KeeperTiming",
@@ -66,9 +67,12 @@ logger = logging.getLogger("volcano_locks.renewal")
 MAX_RENEWAL_INTERVAL = 60.0
 """Renew at least this often (seconds), whatever the TTL."""
 
-STOP_REACH = 0.8
-"""``KeeperTiming.reach`` of a hold that stops its body on loss: renewals at 72-88 % of a third of the
-TTL (a quarter more renewals), leaving at least 12 % of that third for the round trip and the interrupt."""
+STOP_REACH = 0.88
+"""``KeeperTiming.reach`` of a hold that stops its body on loss; with :data:`STOP_JITTER`, renewals at
+84-92 % of a third of the TTL (about an eighth more renewals), leaving at least 7.6 % of that third for
+the round trip and the interrupt."""
+STOP_JITTER = 0.05
+"""``KeeperTiming.jitter`` of a hold that stops its body on loss."""
 
 LOSS_LOCAL_DEADLINE = ErrorCode.LOCAL_DEADLINE_PASSED
 LOSS_RENEWAL_STALLED = ErrorCode.RENEWAL_STALLED
@@ -90,8 +94,9 @@ class KeeperTiming:
     """The spread of the renewal time around a third of the TTL (10 %: either side)."""
     reach: float = 1.0
     """The renewal interval as a fraction of a third of the TTL. A hold that stops its body on loss
-    uses :data:`STOP_REACH` so that its jittered interval, the renewal's round trip and the interrupt
-    fit inside a third of the TTL: a loss stops the body within a third of the TTL of the loss."""
+    uses :data:`STOP_REACH` (and :data:`STOP_JITTER`) so that its jittered interval, the renewal's round
+    trip and the interrupt fit inside a third of the TTL: a loss stops the body within a third of the TTL
+    of the loss."""
     backoff_initial: float = 0.25
     """The delay before the first retry of a transient failure; it doubles with each."""
     backoff_max: float = 4.0

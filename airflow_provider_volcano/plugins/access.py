@@ -57,6 +57,11 @@ class Access:
         """May read at least one DAG (else the board is refused, like Airflow's DAG list)."""
         return self.read_all or bool(self.readable)
 
+    @property
+    def edits_any(self) -> bool:
+        """May edit at least one DAG (else no force release is ever allowed: a Viewer)."""
+        return self.edit_all or bool(self.editable)
+
     def may_read(self, dag_id: str) -> bool:
         """May read DAG ``dag_id``."""
         return self.read_all or dag_id in self.readable

@@ -341,6 +341,12 @@ def confirm_page(
     """The confirmation of a force release: what it does, for which lease (only to who may do it)."""
     key = _key(lock_key)
     narrowed = _narrowed(access, dag_id)
+    if not access.edits_any:  # a Viewer: refused before anything is read from Volcano
+        return _page(
+            "Force release",
+            f'<p class="refused">You may not force-release lock <code>{_e(key)}</code>: it needs edit on '
+            "a DAG.</p>",
+        )
     board = collect(
         session, reader, only=lambda row: row.key == key and access.sees(row, narrowed), lock_keys=[key]
     )

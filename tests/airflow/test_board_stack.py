@@ -244,7 +244,7 @@ def test_read_on_one_dag_shows_only_that_dags_locks_with_any_dag_id(
             status, text, _ = _get(stack, path + query.replace("?", "" if "?" in path else "?"), "read_a")
             assert status == 403 and query.split("=")[1] in text, (path, query, status, text)
     status, page, _ = _get(stack, f"/volcano-locks/confirm?lock_key={keys['b']}", "read_a")
-    assert status == 200 and "is not on your board" in page and "fencing token" not in page
+    assert status == 200 and "it needs edit on a DAG" in page and "fencing token" not in page
     status, page, _ = _get(stack, "/volcano-locks/board?dag_id=board_b", "admin")
     assert status == 200 and keys["b"] in page and keys["a"] not in page  # the filter narrows for admins too
 
@@ -258,6 +258,8 @@ def test_refused_force_releases_cost_volcano_nothing(
     for _ in range(REFUSALS):
         status, _text = _force(stack, "read_a", keys["a"], held["a"].fencing_token, bearer=bearer)
         assert status == 403
+        status, page, _ = _get(stack, f"/volcano-locks/confirm?lock_key={keys['a']}", "read_a")
+        assert status == 200 and "it needs edit on a DAG" in page  # nor does its confirmation page read
     assert _volcano_calls(session_conn, keys["a"]) - before_calls == 0
     assert len(_refusals(stack, "read_a", keys["a"])) - before_audit == REFUSALS
 

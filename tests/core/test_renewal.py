@@ -18,6 +18,7 @@ from volcano_locks.errors import AuthError, ErrorCode, OwnershipLost, RateLimite
 from volcano_locks.keeping import _timing as _keep_timing
 from volcano_locks.models import LockLease
 from volcano_locks.renewal import (
+    STOP_JITTER,
     STOP_REACH,
     AsyncLeaseKeeper,
     KeeperTiming,
@@ -101,17 +102,18 @@ def test_jitter_is_within_ten_percent_for_random_draws() -> None:
 
 
 def test_a_hold_that_stops_its_body_renews_inside_the_third() -> None:
-    """``STOP_REACH``: the jittered interval leaves 12 % of a third for the round trip and the interrupt."""
-    timing = dataclasses.replace(T30, reach=STOP_REACH)
+    """``STOP_REACH``: the jittered interval leaves 7.6 % of a third for the round trip and the interrupt."""
+    timing = dataclasses.replace(T30, reach=STOP_REACH, jitter=STOP_JITTER)
     rng = random.Random(11)
     dues = [renewal_due(lease(ttl=30, sent=0.0), timing, rng.random()) for _ in range(2000)]
-    assert 7.2 <= min(dues) < 7.3 and 8.7 < max(dues) <= 8.8  # 72-88 % of the 10 s third
+    assert 8.36 <= min(dues) < 8.4 and 9.2 < max(dues) <= 9.24  # 84-92 % of the 10 s third
 
 
 def test_keep_stops_its_block_at_the_stop_reach_and_only_then() -> None:
     held = lease(ttl=30, sent=lease_clock())
-    assert _keep_timing(10.0, held, stops_block=True).reach == STOP_REACH
-    assert _keep_timing(10.0, held, stops_block=False).reach == 1.0
+    stopping, plain = _keep_timing(10.0, held, stops_block=True), _keep_timing(10.0, held, stops_block=False)
+    assert (stopping.reach, stopping.jitter) == (STOP_REACH, STOP_JITTER)
+    assert (plain.reach, plain.jitter) == (1.0, 0.1)
 
 
 def test_ttl30_with_little_time_left() -> None:
