@@ -254,12 +254,11 @@ def test_a_group_member_whose_lease_is_force_released_stops_within_a_third_of_th
         time.sleep(0.2)
     forced = time.monotonic()
     outside.force_release(unique_key)
-    states, _ = _finish(fleet, "volcano_hold_member", ["member"], 120)
-    tasks = dict(
-        fleet.query(
-            "SELECT task_id, state FROM task_instance WHERE dag_id = 'volcano_hold_member' AND run_id = 'member'"
-        )
+    _finish(fleet, "volcano_hold_member", ["member"], 120)
+    query = (
+        "SELECT task_id, state FROM task_instance WHERE dag_id = 'volcano_hold_member' AND run_id = 'member'"
     )
+    tasks = dict(fleet.query(query))
     assert tasks == {"hold_acquire": "success", "write": "failed", "hold_release": "success"}, fleet.report(
         "member"
     )
@@ -277,6 +276,6 @@ def test_a_group_member_whose_lease_is_force_released_stops_within_a_third_of_th
     assert refused - forced <= MEMBER_TTL / 3, (refused - forced, after[:2])
     assert "its body was stopped" in fleet.logs("member")
     print(
-        f"member: renewal refused {refused - forced:.2f} s and last write {lines[-1] - forced:.2f} s after the "
-        f"force release (ttl {MEMBER_TTL} s, a third: {MEMBER_TTL / 3:.2f} s)"
+        f"member: renewal refused {refused - forced:.2f} s and last write {lines[-1] - forced:.2f} s "
+        f"after the force release (ttl {MEMBER_TTL} s, a third: {MEMBER_TTL / 3:.2f} s)"
     )
