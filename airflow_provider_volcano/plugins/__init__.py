@@ -13,6 +13,8 @@ and the API server's middleware (a few seconds of imports) are built only when s
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 from airflow.plugins_manager import AirflowPlugin
@@ -23,17 +25,19 @@ URL_PREFIX = "/volcano-locks"
 
 
 class _Built:
-    """A plugin attribute read from the board's app module, imported on first read (on the class or an
+    """A plugin attribute built from the board's app module, imported on first read (on the class or an
     instance); then the same list."""
 
-    def __init__(self, name: str) -> None:
-        self._name = name
+    def __init__(self, build: Callable[[ModuleType], list[dict[str, Any]]]) -> None:
+        self._build = build
+        self._built: list[dict[str, Any]] | None = None
 
     def __get__(self, instance: object, owner: type | None = None) -> list[dict[str, Any]]:
-        from airflow_provider_volcano.plugins import app
+        if self._built is None:
+            from airflow_provider_volcano.plugins import app
 
-        built: list[dict[str, Any]] = getattr(app, self._name)
-        return built
+            self._built = self._build(app)
+        return self._built
 
 
 class VolcanoLocksPlugin(AirflowPlugin):
@@ -42,8 +46,12 @@ class VolcanoLocksPlugin(AirflowPlugin):
     (:mod:`airflow_provider_volcano.plugins.actions`)."""
 
     name = "volcano_locks"
-    fastapi_apps = _Built("PLUGIN_APPS")
-    fastapi_root_middlewares = _Built("ROOT_MIDDLEWARES")
+    fastapi_apps = _Built(lambda app: [{"app": app.app, "url_prefix": URL_PREFIX, "name": "Volcano locks"}])
+    fastapi_root_middlewares = _Built(
+        lambda app: [
+            {"middleware": app.UserActions, "name": "Volcano locks: free the handoff a user's action ended"}
+        ]
+    )
     external_views = [  # noqa: RUF012
         {
             "name": "Volcano locks",

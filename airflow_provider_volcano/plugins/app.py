@@ -36,7 +36,6 @@ from fastapi import Depends, FastAPI, Form, HTTPException, Request, Response
 from fastapi.responses import HTMLResponse, JSONResponse
 
 from airflow_provider_volcano.hooks.volcano import VolcanoHook
-from airflow_provider_volcano.plugins import URL_PREFIX
 from airflow_provider_volcano.plugins.access import Access
 from airflow_provider_volcano.plugins.actions import UserActions
 from airflow_provider_volcano.plugins.board import Board, GovernedReader, LockRow, collect, resolve_holder
@@ -52,8 +51,7 @@ __all__ = [
     "FORCE_RELEASE_REFUSED_EVENT",
     "FRAME_HEADERS",
     "NOT_ATOMIC",
-    "PLUGIN_APPS",
-    "ROOT_MIDDLEWARES",
+    "UserActions",
     "app",
 ]
 
@@ -74,12 +72,6 @@ CONFIRMATION = (
 )
 
 app = FastAPI(title="Volcano locks", description="Who holds each Volcano lock, who waits, and force release.")
-PLUGIN_APPS = [{"app": app, "url_prefix": URL_PREFIX, "name": "Volcano locks"}]
-"""The plugin's ``fastapi_apps``."""
-ROOT_MIDDLEWARES = [
-    {"middleware": UserActions, "name": "Volcano locks: free the handoff a user's action ended"}
-]
-"""The plugin's ``fastapi_root_middlewares``."""
 
 
 @app.middleware("http")
