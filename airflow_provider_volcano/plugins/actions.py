@@ -36,7 +36,15 @@ from airflow_provider_volcano.hooks.volcano import VolcanoHook
 from airflow_provider_volcano.plugins.board import GovernedReader
 from airflow_provider_volcano.records.handoff import HANDOFF_PREFIX, HandoffRecord
 from airflow_provider_volcano.records.opened import Opened, open_record
-from airflow_provider_volcano.runtime.handoff_look import Look, look_flow
+from airflow_provider_volcano.runtime.handoff_look import (
+    Answers,
+    Look,
+    Need,
+    drive,
+    lease_in,
+    look_flow,
+    record_of,
+)
 from volcano_locks import VolcanoError
 from volcano_locks.integration import outcome
 
@@ -159,32 +167,20 @@ def _drive(
     logger: logging.Logger | Any,
 ) -> Look:
     """Drive :func:`look_flow` for one record, with no waiter of its own (the API server waits for none)."""
-    flow = look_flow(key, (), lambda owner, seal: hook.ownership_token(owner, key, seal))
-    answer: object = None
-    try:
-        while True:
-            need = flow.send(answer)
-            record = need.record
-            if need.what == "record":
-                answer = opened
-            elif need.what == "state":
-                assert record is not None
-                with create_session() as session:
-                    answer = db_owner_state(session, record)
-            elif need.what == "live":
-                answer = live(key)
-            elif need.what == "release":
-                assert need.lease is not None
-                answer = outcome(partial(client.release, key, need.lease))
-            elif need.what == "tell":
-                logger.info("%s (after a user's action in the API server)", need.line)
-                answer = None
-            else:
-                assert record is not None
-                _delete_if_still(hook, key, record)
-                answer = None
-    except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
+
+    def state(need: Need) -> object:
+        with create_session() as session:
+            return db_owner_state(session, record_of(need))
+
+    answers: Answers[object] = Answers(
+        record=lambda need: opened,
+        state=state,
+        live=lambda need: live(key),
+        release=lambda need: outcome(partial(client.release, key, lease_in(need))),
+        tell=lambda need: logger.info("%s (after a user's action in the API server)", need.line),
+        clear=lambda need: _delete_if_still(hook, key, record_of(need)),
+    )
+    return drive(look_flow(key, (), lambda owner, seal: hook.ownership_token(owner, key, seal)), answers)
 
 
 def _delete_if_still(hook: VolcanoHook, key: str, record: HandoffRecord) -> None:

@@ -1,12 +1,14 @@
-"""A waiter's look at its lock's handoff record: one decision, a sync driver and an async driver.
+"""A look at a lock's handoff record: one decision, a sync driver and an async driver.
 
 A waiter (a task waiting in its worker slot, or the triggerer's watch of a key) looks every few
 seconds at the lock's handoff record (:mod:`airflow_provider_volcano._handoff`) and frees the lease it
 names when the try it was acquired for can no longer use it. The decision is :func:`look_flow`, a
 generator without I/O (as the core's flows are): it yields what it needs done, a :class:`Need`, and
-gets the answer back; :func:`look` drives it in the waiting task's thread, :func:`alook` in the
-triggerer's event loop (every Airflow call there bounded and off the loop). What a look ends with is a
-:class:`Look`: the record still standing, its owner's state, and the line to log.
+gets the answer back. :func:`drive` runs it in a thread and :func:`adrive` in an event loop, each
+answering from an :class:`Answers` (one callable per kind of need): :func:`look` in the waiting task's
+thread, :func:`alook` in the triggerer's event loop (every Airflow call there bounded and off the loop),
+and the API server after a user's action (:mod:`airflow_provider_volcano.plugins.actions`). What a
+look ends with is a :class:`Look`: the record still standing, its owner's state, and the line to log.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import logging
 from collections.abc import Awaitable, Callable, Collection, Generator
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from airflow_provider_volcano._handoff import (
     _NOT_REPORTED,
@@ -39,9 +41,23 @@ if TYPE_CHECKING:
     from airflow_provider_volcano.records.seal import SealKey
     from volcano_locks import AsyncVolcanoLocks, LockLease, VolcanoLocks
 
-__all__ = ["Look", "Need", "alook", "first_answer", "look", "look_flow", "waiting_facts"]
+__all__ = [
+    "Answers",
+    "Look",
+    "Need",
+    "adrive",
+    "alook",
+    "drive",
+    "first_answer",
+    "lease_in",
+    "look",
+    "look_flow",
+    "record_of",
+    "waiting_facts",
+]
 
 logger = logging.getLogger(__name__)
+A = TypeVar("A")
 
 
 @dataclass(frozen=True)
@@ -111,36 +127,67 @@ def look_flow(
     return Look(None, state, freed=True)
 
 
+@dataclass(frozen=True)
+class Answers(Generic[A]):
+    """How a driver answers each :class:`Need` of :func:`look_flow`: one callable per kind, given the need
+    (for the async driver each returns an awaitable)."""
+
+    record: Callable[[Need], A]
+    state: Callable[[Need], A]
+    live: Callable[[Need], A]
+    release: Callable[[Need], A]
+    tell: Callable[[Need], A]
+    clear: Callable[[Need], A]
+
+
+def drive(flow: Generator[Need, object, Look], answers: Answers[object]) -> Look:
+    """Run ``flow`` to its :class:`Look`, answering each need in this thread."""
+    answer: object = None
+    try:
+        while True:
+            need = flow.send(answer)
+            answer = getattr(answers, need.what)(need)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+
+
+async def adrive(flow: Generator[Need, object, Look], answers: Answers[Awaitable[object]]) -> Look:
+    """Run ``flow`` to its :class:`Look` in the event loop, awaiting each need's answer."""
+    answer: object = None
+    try:
+        while True:
+            need = flow.send(answer)
+            answer = await getattr(answers, need.what)(need)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+
+
+def record_of(need: Need) -> HandoffRecord:
+    """The record a need is about (every need but ``record`` carries it)."""
+    assert need.record is not None
+    return need.record
+
+
+def lease_in(need: Need) -> LeaseRef:
+    """The lease a ``release`` need names."""
+    assert need.lease is not None
+    return need.lease
+
+
 def look(
     key: str, waiters: Collection[TaskIdentity | None], client: VolcanoLocks, hook: VolcanoHook, log: Any
 ) -> Look:
     """One look, in the waiting task's thread (the in-slot wait); its lines go to ``log``."""
     keys = hook.keyring
-    flow = look_flow(key, waiters, _token_for(hook, key))
-    answer: object = None
-    try:
-        while True:
-            need = flow.send(answer)
-            record = need.record
-            if need.what == "record":
-                answer = read_handoff(keys, key, log)
-            elif need.what == "state":
-                assert record is not None
-                answer = owner_state(record)
-            elif need.what == "live":
-                answer = read_state(client, key, log)
-            elif need.what == "release":
-                assert need.lease is not None
-                answer = outcome(partial(client.release, key, need.lease))
-            elif need.what == "tell":
-                log.info("%s", need.line)
-                answer = None
-            else:
-                assert record is not None
-                clear_handoff(keys, key, record.fencing_token, log)
-                answer = None
-    except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
+    answers: Answers[object] = Answers(
+        record=lambda need: read_handoff(keys, key, log),
+        state=lambda need: owner_state(record_of(need)),
+        live=lambda need: read_state(client, key, log),
+        release=lambda need: outcome(partial(client.release, key, lease_in(need))),
+        tell=lambda need: log.info("%s", need.line),
+        clear=lambda need: clear_handoff(keys, key, record_of(need).fencing_token, log),
+    )
+    return drive(look_flow(key, waiters, _token_for(hook, key)), answers)
 
 
 async def alook(
@@ -159,42 +206,30 @@ async def alook(
     :param tell: says a line in every waiting trigger's log.
     """
     keys = hook.keyring
-    flow = look_flow(key, waiters, _token_for(hook, key))
-    answer: object = None
-    try:
-        while True:
-            need = flow.send(answer)
-            record = need.record
-            if need.what == "record":
-                answer = await ask(
-                    f"the handoff record of lock {key!r}", read_handoff, keys, key, log, default=None
-                )
-            elif need.what == "state":
-                assert record is not None
-                answer = await ask(
-                    f"the state of {record.names()}", owner_state, record, default=_NOT_REPORTED
-                )
-            elif need.what == "live":
-                answer = await live()
-            elif need.what == "release":
-                assert need.lease is not None
-                answer = await async_outcome(client.release(key, need.lease))
-            elif need.what == "tell":
-                tell(str(need.line))
-                answer = None
-            else:
-                assert record is not None
-                answer = await ask(
-                    f"the deletion of the handoff record of lock {key!r}",
-                    clear_handoff,
-                    keys,
-                    key,
-                    record.fencing_token,
-                    log,
-                    default=None,
-                )
-    except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
+
+    async def record(need: Need) -> object:
+        return await ask(f"the handoff record of lock {key!r}", read_handoff, keys, key, log, default=None)
+
+    async def state(need: Need) -> object:
+        owner = record_of(need)
+        return await ask(f"the state of {owner.names()}", owner_state, owner, default=_NOT_REPORTED)
+
+    async def live_now(need: Need) -> object:
+        return await live()
+
+    async def release(need: Need) -> object:
+        return await async_outcome(client.release(key, lease_in(need)))
+
+    async def told(need: Need) -> object:
+        return tell(str(need.line))
+
+    async def clear(need: Need) -> object:
+        fencing = record_of(need).fencing_token
+        what = f"the deletion of the handoff record of lock {key!r}"
+        return await ask(what, clear_handoff, keys, key, fencing, log, default=None)
+
+    answers: Answers[Awaitable[object]] = Answers(record, state, live_now, release, told, clear)
+    return await adrive(look_flow(key, waiters, _token_for(hook, key)), answers)
 
 
 def first_answer(
