@@ -86,9 +86,9 @@ def _token(stack: Stack, user: str) -> str:
     )
 
 
-def _get(stack: Stack, path: str, user: str) -> tuple[int, str, Any]:
+def _get(stack: Stack, path: str, user: str, bearer: str | None = None) -> tuple[int, str, Any]:
     request = urllib.request.Request(
-        stack.url + path, headers={"Authorization": f"Bearer {_token(stack, user)}"}
+        stack.url + path, headers={"Authorization": f"Bearer {bearer or _token(stack, user)}"}
     )
     try:
         with urllib.request.urlopen(request, timeout=60) as response:
@@ -258,7 +258,7 @@ def test_refused_force_releases_cost_volcano_nothing(
     for _ in range(REFUSALS):
         status, _text = _force(stack, "read_a", keys["a"], held["a"].fencing_token, bearer=bearer)
         assert status == 403
-        status, page, _ = _get(stack, f"/volcano-locks/confirm?lock_key={keys['a']}", "read_a")
+        status, page, _ = _get(stack, f"/volcano-locks/confirm?lock_key={keys['a']}", "read_a", bearer)
         assert status == 200 and "it needs edit on a DAG" in page  # nor does its confirmation page read
     assert _volcano_calls(session_conn, keys["a"]) - before_calls == 0
     assert len(_refusals(stack, "read_a", keys["a"])) - before_audit == REFUSALS
