@@ -393,7 +393,7 @@ def _contradicts(record: dict[str, str], state: LockState) -> bool:
 
 # Every value sits inside a table cell (never at a line's start, newlines flattened), so what could
 # open markup there is: emphasis, code, links and images, a cell boundary, strikethrough and escapes.
-_MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]()!|~])")
+_MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]()!|~#])")
 
 
 def escape_markdown(text: str) -> str:

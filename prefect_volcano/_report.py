@@ -27,7 +27,7 @@ from prefect.transactions import get_transaction
 from prefect_volcano._board import LockBoard, describe_holder
 from prefect_volcano._events import LockEvents
 from volcano_locks import ErrorCode, LockContention, LockLease, LockState, OwnershipLost, WaitTimeout
-from volcano_locks.integration import Eta, ReleaseOutcome, reported
+from volcano_locks.integration import ReleaseOutcome, expected_start, reported
 from volcano_locks.once import OnceRecord, Who
 
 __all__ = [
@@ -423,11 +423,6 @@ class LossReport:
         r.board.lost(lease.facts() if lease is not None else None, note)
 
 
-def _expected(eta: Eta | None) -> str:
-    """The waiting line's ETA phrase (:mod:`volcano_locks.eta`)."""
-    return eta.describe() if eta is not None else "no start estimate yet (no change of hands seen)"
-
-
 class WaitReporter:
     """Tells that a run waits for a lock, whenever the core's wait engine reports.
 
@@ -462,7 +457,7 @@ class WaitReporter:
         who = self._who()
         if holder is not None:
             r.looked(holder)  # the engine's look is a fresh answer: correct a stale view with it
-        when = _expected(reported())
+        when = expected_start(reported())
         r.expects(when)
         if self._reports == 1:
             r.log.info("Waiting for lock %r, held by %s; %s", r.key, who, when)

@@ -29,7 +29,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["TENURES_KEPT", "Confidence", "Eta", "estimate", "reported"]
+__all__ = ["NO_ESTIMATE", "TENURES_KEPT", "Confidence", "Eta", "estimate", "expected_start", "reported"]
 
 TENURES_KEPT = 20
 """How many of the lock's latest tenures the estimate rests on."""
@@ -144,6 +144,15 @@ def estimate(tenures: Sequence[float], holder_elapsed: float | None, position: i
 def reported() -> Eta | None:
     """The ETA of the wait engine's report being made (inside an ``on_waiting`` callback), or ``None``."""
     return _REPORTED.get()
+
+
+NO_ESTIMATE = "no start estimate yet (no change of hands seen)"
+"""What a waiting line says when the lock has not changed hands while it was watched."""
+
+
+def expected_start(eta: Eta | None) -> str:
+    """A waiting line's ETA phrase: :meth:`Eta.describe`, or :data:`NO_ESTIMATE`."""
+    return eta.describe() if eta is not None else NO_ESTIMATE
 
 
 @contextmanager

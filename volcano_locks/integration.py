@@ -20,6 +20,7 @@ if _typing.TYPE_CHECKING:
     from volcano_locks._steps import outcome as outcome
     from volcano_locks.clock import lease_clock as lease_clock
     from volcano_locks.eta import Eta as Eta
+    from volcano_locks.eta import expected_start as expected_start
     from volcano_locks.eta import reported as reported
     from volcano_locks.governor import validate_wait_budget as validate_wait_budget
     from volcano_locks.guard import AsyncLockContext as AsyncLockContext
@@ -60,6 +61,7 @@ _FROM = {
     "release_or_lapse": "volcano_locks.releasing",
     "route_through": "volcano_locks.telemetry",
     "reported": "volcano_locks.eta",
+    "expected_start": "volcano_locks.eta",
     "validate_poll": "volcano_locks.protocol",
     "validate_wait_budget": "volcano_locks.governor",
     "wait_acquire": "volcano_locks.waiting",

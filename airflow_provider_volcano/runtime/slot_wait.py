@@ -18,7 +18,7 @@ from airflow_provider_volcano.records.holder import read_holder
 from airflow_provider_volcano.records.in_slot import WAITING_XCOM_KEY
 from airflow_provider_volcano.runtime.acquiring import holder_facts, read_state
 from airflow_provider_volcano.runtime.handoff_look import look, waiting_facts
-from volcano_locks.integration import WaitPolicy, wait_acquire, wake
+from volcano_locks.integration import WaitPolicy, expected_start, reported, wait_acquire, wake
 
 if TYPE_CHECKING:
     from airflow_provider_volcano._tokens import TaskIdentity
@@ -114,11 +114,12 @@ class SlotWait:
         if waited - self._reported_at < REPORT_EVERY:
             return
         self._reported_at = waited
+        when = expected_start(reported())  # the engine's estimate, inside its report (issue 30)
         # Issue 28: a fresh read (a refusal says neither who nor when; the engine's last look may be old).
         holder = read_state(client, self.lock_key, self.log)
 
         self.log.info(
-            "Still waiting for lock %r in this worker slot after %.0f s; it is %s",
+            "Still waiting for lock %r in this worker slot after %.0f s; it is %s; %s",
             self.lock_key,
             waited,
             waiting_facts(
@@ -128,6 +129,7 @@ class SlotWait:
                 read_holder(self.hook.keyring, self.lock_key, logger=self.log),
                 age=0.0,
             ),
+            when,
         )
 
     def _look_at_handoff(self, client: VolcanoLocks) -> tuple[HandoffRecord | None, object]:

@@ -29,7 +29,7 @@ from airflow_provider_volcano.runtime.airflow_calls import ask
 from airflow_provider_volcano.runtime.handoff_look import alook, waiting_facts
 from airflow_provider_volcano.runtime.holder_watch import WATCH_EVERY, HolderWatch, look_at_holder
 from volcano_locks import AuthError, InvalidRequest, VolcanoError, WaitTimeout
-from volcano_locks.integration import WaitPolicy, wake
+from volcano_locks.integration import WaitPolicy, expected_start, reported, wake
 
 if TYPE_CHECKING:
     from airflow_provider_volcano.hooks.volcano import VolcanoHook
@@ -261,7 +261,7 @@ async def wait_for_lock(
     """
     reads: set[asyncio.Task[None]] = set()
 
-    async def read_and_report(waited: float) -> None:
+    async def read_and_report(waited: float, when: str) -> None:
         holder = await watch.holder(client)
         facts = waiting_facts(
             holder,
@@ -271,12 +271,13 @@ async def wait_for_lock(
             age=time.monotonic() - watch.read_at,
             holder_state=watch.holder_watch.ended_state,
         )
-        log.info("Still waiting for lock %r after %.0f s; it is %s", key, waited, facts)
+        log.info("Still waiting for lock %r after %.0f s; it is %s; %s", key, waited, facts, when)
 
     def still_waiting(_holder: LockState | None, waited: float) -> None:
         # Issue 28: from a read whose age is said (shared by the key's lines for a few seconds), never
         # the engine's last look, which a long hold's backoff leaves minutes old.
-        task = asyncio.get_running_loop().create_task(read_and_report(waited))
+        when = expected_start(reported())  # the engine's estimate, inside its report (issue 30)
+        task = asyncio.get_running_loop().create_task(read_and_report(waited, when))
         reads.add(task)
         task.add_done_callback(reads.discard)
 

@@ -18,6 +18,7 @@ from airflow_provider_volcano.operators.lock import (
 )
 from airflow_provider_volcano.triggers.lock import VolcanoLockTrigger
 from tests.airflow.versions import AirflowSkipException, TaskDeferred
+from volcano_locks.eta import NO_ESTIMATE, Eta, reporting
 
 
 class _TI(SimpleNamespace):
@@ -461,14 +462,20 @@ def test_a_wait_in_the_worker_slot_reports_every_minute_naming_the_holder(
         wait.on_waiting(None, waited)  # looks for a stranded handoff only
     wait.on_waiting(LockState(held=True, expires_at=held.expires_at, fencing_token=held.fencing_token), 61.2)
     wait.on_waiting(LockState(held=True), 66.0)
-    # A refused acquisition says neither who nor until when: the line reads the holder.
-    wait.on_waiting(LockState(held=True), 122.0)
+    # A refused acquisition says neither who nor until when: the line reads the holder. Inside the wait
+    # engine's report the line carries the engine's expected start (issue 30).
+    eta = Eta(expected=40.0, earliest=25.0, latest=70.0, confidence="medium", position=1, tenures=3)
+    with reporting(eta):
+        wait.on_waiting(LockState(held=True), 122.0)
     lines = _lines(capfd, f"Still waiting for lock {unique_key!r}")
     assert len(lines) == 2, lines
     facts = f"fencing token {held.fencing_token} until {held.expires_at.isoformat()}"
     for line, after in zip(lines, ("after 61 s", "after 122 s"), strict=True):
         assert after in line and facts in line, line
         assert "not a handoff" in line, line
+    assert f"; {NO_ESTIMATE}" in lines[0], lines[0]
+    assert f"; {eta.describe()}" in lines[1], lines[1]
+    assert "expected to start in about 40 s" in lines[1] and "medium confidence" in lines[1]
     wait.close()  # what the end of a wait does
     outside.release(unique_key, held)
 
@@ -494,3 +501,32 @@ def test_the_release_after_a_failed_callable_is_logged(volcano_conn, outside, un
     assert not outside.get(unique_key).held
     (line,) = _lines(capfd, "Released lock")
     assert f"(fencing token {fencing}) after the callable failed" in line
+
+
+def test_a_release_refused_with_429_is_retried_and_the_task_keeps_its_result(
+    volcano_conn, outside, unique_key, capfd
+) -> None:
+    """Issue 34's rule in the operator: a refused release never fails finished work; it is retried."""
+    volcano_conn.server.set_faults("status=429:op=release:count=1")
+    assert _op(unique_key, ttl=10).execute(_context()) == "done"
+    log = _log(capfd)
+    assert "was refused at first" in log and "released on attempt 2" in log, log[-2000:]
+    assert not outside.get(unique_key).held
+    releases = [
+        r["status"]
+        for r in volcano_conn.requests()
+        if unique_key in r.get("path", "") and r["op"] == "release"
+    ]
+    assert releases == [429, 204], releases
+
+
+def test_an_unanswered_release_is_left_to_lapse_and_the_task_keeps_its_result(
+    volcano_conn, outside, unique_key, capfd
+) -> None:
+    volcano_conn.server.set_faults("drop:op=release")
+    assert _op(unique_key, ttl=5).execute(_context()) == "done"
+    volcano_conn.server.set_faults(None)
+    log = _log(capfd)
+    assert "left to lapse at its expiry" in log, log[-2000:]
+    assert "Released lock" not in log
+    assert volcano_conn.service_key not in log
