@@ -104,6 +104,11 @@ class KeeperTiming:
     min_attempt: float = 0.2
     """The shortest request timeout worth an attempt; with less of the window left, the lease is lost."""
 
+    def interval(self, ttl: int) -> float:
+        """Seconds between this keeper's renewals of a ``ttl`` lease, before jitter: ``reach`` times
+        :func:`renewal_interval`."""
+        return renewal_interval(ttl) * self.reach
+
 
 def renewal_timeout(client_timeout: float, ttl: int) -> float:
     """Timeout for renewal requests: the client's, capped at a third of the TTL."""
@@ -131,7 +136,7 @@ def renewal_due(lease: LockLease, timing: KeeperTiming, draw: float) -> float:
     which is what clamps a lease whose TTL was cut short by the 90-day absolute deadline.
     """
     sent = lease.local_deadline - lease.ttl
-    nominal = sent + renewal_interval(lease.ttl) * timing.reach * (1 + timing.jitter * (2 * draw - 1))
+    nominal = sent + timing.interval(lease.ttl) * (1 + timing.jitter * (2 * draw - 1))
     return min(nominal, safe_window_end(lease, timing))
 
 
@@ -236,7 +241,7 @@ class RenewalSchedule:
         if not _can_extend(lease):
             # Capped at the 90-day deadline, the lease's TTL no longer tells when it was renewed:
             # keep checking about once a minute from now (a force release is noticed), no faster.
-            interval = renewal_interval(lease.ttl) * (1 - self._timing.jitter)
+            interval = self._timing.interval(lease.ttl) * (1 - self._timing.jitter)
             self._due = max(self._due, min(now + interval, safe_window_end(lease, self._timing)))
         logger.debug(
             "lease renewed, fencing token %d; next renewal in %.2f s", lease.fencing_token, self._due - now

@@ -218,6 +218,20 @@ def test_a_ninety_day_lease_keeps_checking_once_a_minute_after_each_renewal() ->
     assert isinstance(action, Wait) and 61.0 + 54.0 <= action.until <= 61.0 + 66.0
 
 
+def test_a_ninety_day_lease_of_a_hold_that_stops_its_body_keeps_its_earlier_reach() -> None:
+    from volcano_locks.renewal import STOP_JITTER, STOP_REACH
+
+    timing = KeeperTiming(request_timeout=2.0, reach=STOP_REACH, jitter=STOP_JITTER)
+    capped = lease(ttl=7_776_000, sent=0.0)
+    schedule = RenewalSchedule(capped, timing, rng=lambda: 0.5)
+    schedule.succeeded(capped, 61.0)
+    action = schedule.next_action(61.0)
+    # 60 s x 0.88, less the 5 % jitter: the same reach as every other renewal of such a hold
+    assert isinstance(action, Wait) and action.until == pytest.approx(
+        61.0 + 60.0 * STOP_REACH * (1 - STOP_JITTER)
+    )
+
+
 def test_a_force_released_long_ttl_lease_is_noticed_within_about_a_minute() -> None:
     from volcano_locks import OwnershipLost
 
