@@ -221,6 +221,7 @@ SLOW: dict[str, str | dict[str, str]] = {
         "test_waiting_triggers_share_one_poller_and_one_release_wakes_one": WAITS,
         "test_trigger_rides_out_503_and_429_while_waiting": WAITS,
         "test_trigger_times_out_naming_the_holder": WAITS,
+        "test_waiting_lines_name_the_holder_from_the_engines_look_at_no_extra_request": WAITS,
     },
     "tests/airflow/test_ui_connection_form.py": BROWSER,
     "tests/airflow/test_ui_lock_board.py": BROWSER,

@@ -16,7 +16,8 @@ Confidence is ``high`` with 8 or more tenures whose 10-90 % spread is within hal
 waiters in other processes (they may be ahead), holders that were never seen changing hands, a lock
 whose jobs change character. ``bench/bench_eta.py`` measures its error on a line of holds.
 
-:func:`reported` gives the ETA of the engine's report being made, to the ``on_waiting`` callback.
+:func:`reported` gives the ETA of the engine's report being made, to the ``on_waiting`` callback, and
+:func:`reported_holder_age` how old the engine's read of the holder it passes is.
 """
 
 from __future__ import annotations
@@ -29,7 +30,16 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["NO_ESTIMATE", "TENURES_KEPT", "Confidence", "Eta", "estimate", "expected_start", "reported"]
+__all__ = [
+    "NO_ESTIMATE",
+    "TENURES_KEPT",
+    "Confidence",
+    "Eta",
+    "estimate",
+    "expected_start",
+    "reported",
+    "reported_holder_age",
+]
 
 TENURES_KEPT = 20
 """How many of the lock's latest tenures the estimate rests on."""
@@ -38,6 +48,7 @@ Confidence = Literal["low", "medium", "high"]
 """How sure the estimate is (see the module docstring)."""
 
 _REPORTED: ContextVar[Eta | None] = ContextVar("volcano_locks_eta", default=None)
+_HOLDER_AGE: ContextVar[float | None] = ContextVar("volcano_locks_holder_age", default=None)
 
 
 @dataclass(frozen=True)
@@ -146,6 +157,12 @@ def reported() -> Eta | None:
     return _REPORTED.get()
 
 
+def reported_holder_age() -> float | None:
+    """Inside an ``on_waiting`` callback: seconds since the engine read the holder it passes (``None``:
+    unknown, such as a holder known only from a refused acquisition, which does not say its expiry)."""
+    return _HOLDER_AGE.get()
+
+
 NO_ESTIMATE = "no start estimate yet (no change of hands seen)"
 """What a waiting line says when the lock has not changed hands while it was watched."""
 
@@ -156,10 +173,12 @@ def expected_start(eta: Eta | None) -> str:
 
 
 @contextmanager
-def reporting(eta: Eta | None) -> Iterator[None]:
-    """Within the block, :func:`reported` returns ``eta`` (the wait engine, around ``on_waiting``)."""
-    token = _REPORTED.set(eta)
+def reporting(eta: Eta | None, *, holder_age: float | None = None) -> Iterator[None]:
+    """Within the block, :func:`reported` returns ``eta`` and :func:`reported_holder_age` ``holder_age``
+    (the wait engine, around ``on_waiting``)."""
+    token, age_token = _REPORTED.set(eta), _HOLDER_AGE.set(holder_age)
     try:
         yield
     finally:
+        _HOLDER_AGE.reset(age_token)
         _REPORTED.reset(token)

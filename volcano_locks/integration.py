@@ -22,6 +22,7 @@ if _typing.TYPE_CHECKING:
     from volcano_locks.eta import Eta as Eta
     from volcano_locks.eta import expected_start as expected_start
     from volcano_locks.eta import reported as reported
+    from volcano_locks.eta import reported_holder_age as reported_holder_age
     from volcano_locks.governor import validate_wait_budget as validate_wait_budget
     from volcano_locks.guard import AsyncLockContext as AsyncLockContext
     from volcano_locks.guard import LockContext as LockContext
@@ -38,6 +39,7 @@ if _typing.TYPE_CHECKING:
     from volcano_locks.waiting import GRACE as GRACE
     from volcano_locks.waiting import WaitPolicy as WaitPolicy
     from volcano_locks.waiting import inform as inform
+    from volcano_locks.waiting import vouch as vouch
     from volcano_locks.waiting import wait_acquire as wait_acquire
     from volcano_locks.waiting import wake as wake
 
@@ -61,9 +63,11 @@ _FROM = {
     "release_or_lapse": "volcano_locks.releasing",
     "route_through": "volcano_locks.telemetry",
     "reported": "volcano_locks.eta",
+    "reported_holder_age": "volcano_locks.eta",
     "expected_start": "volcano_locks.eta",
     "validate_poll": "volcano_locks.protocol",
     "validate_wait_budget": "volcano_locks.governor",
+    "vouch": "volcano_locks.waiting",
     "wait_acquire": "volcano_locks.waiting",
     "wake": "volcano_locks.waiting",
 }

@@ -17,9 +17,13 @@ fails is no record) asks Airflow for that try's state every
 The Volcano cost of all this is one wake (an acquisition from the waiting budget) per change of the
 holder's try, one read of the lock when a try ended, and the expiry looks; at most
 :data:`WAKES_PER_MINUTE` wakes a minute per key whatever the records say (a record is a claim: a
-forged one can cost a few looks, never a release). The waiters' own looks keep their backoff, so a
-long hold costs what it did; a release is seen within a second or so of Airflow recording the end of
-the holder's try.
+forged one can cost a few looks, never a release). A release is seen within a second or so of Airflow
+recording the end of the holder's try. So while Airflow says the watched try runs (asked within the
+last :data:`REPORTED_WITHIN` seconds), the watch vouches for its fencing token
+(:func:`volcano_locks.waiting.vouch`): the waiters' own looks at that holder come only every
+:data:`VOUCHED_LOOKS_EVERY` seconds, as the safety net for an end Airflow does not see (a lease lost
+while the task still runs, a worker host gone until Airflow's heartbeat timeout), however long the
+hold; a holder that stops renewing is still looked at when its lease ends.
 
 :class:`HolderWatch` decides (no I/O, time passed in); :func:`look_at_holder` is its driver in a
 trigger's event loop (Airflow calls through :func:`airflow_provider_volcano.runtime.airflow_calls.ask`,
@@ -28,6 +32,7 @@ bounded and off the loop).
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -36,13 +41,21 @@ from typing import TYPE_CHECKING
 from airflow_provider_volcano import _handoff
 from airflow_provider_volcano.runtime.airflow_calls import ask
 from volcano_locks import VolcanoError
-from volcano_locks.integration import GRACE, wake
+from volcano_locks.integration import GRACE, vouch, wake
 
 if TYPE_CHECKING:
     from airflow_provider_volcano.records.holder import HolderRecord
     from volcano_locks import AsyncVolcanoLocks, LockState
 
-__all__ = ["EXPIRY_LOOKS", "WAKES_PER_MINUTE", "WATCH_EVERY", "HolderWatch", "look_at_holder"]
+__all__ = [
+    "EXPIRY_LOOKS",
+    "REPORTED_WITHIN",
+    "VOUCHED_LOOKS_EVERY",
+    "WAKES_PER_MINUTE",
+    "WATCH_EVERY",
+    "HolderWatch",
+    "look_at_holder",
+]
 
 WATCH_EVERY = 1.0
 """Seconds between two looks of a waiter at its lock's holder (records and task states, through Airflow)."""
@@ -50,6 +63,10 @@ WAKES_PER_MINUTE = 12
 """The most wakes a watch gives its key's waiters in a minute, whatever the records say."""
 EXPIRY_LOOKS = 3
 """Wakes at a dead holder's expiry plus the grace second, one second apart."""
+VOUCHED_LOOKS_EVERY = 60.0
+"""Seconds between the waiters' own looks at a holder whose running try the watch vouches for."""
+REPORTED_WITHIN = 30.0
+"""The watch vouches for a running try only if Airflow reported its state this recently (seconds)."""
 RUNNING = "running"
 
 _Try = tuple[str, str, str, int, int, int]  # dag, run, task, map index, try, fencing token
@@ -81,6 +98,7 @@ class HolderWatch:
         self._wakes: deque[float] = deque()
         self._wakes_per_minute = wakes_per_minute
         self._state: object = ...
+        self._reported_at = -math.inf  # when Airflow last reported the watched try's state
 
     @property
     def ended(self) -> bool:
@@ -91,6 +109,16 @@ class HolderWatch:
     def ended_state(self) -> object:
         """The state the watched try ended in (``None``: cleared), or ``...`` while it has not ended."""
         return self._state if self._ended else ...
+
+    def vouched(self, now: float) -> int | None:
+        """The watched try's fencing token while Airflow says it runs (its end will be seen), else ``None``.
+
+        :param now: the wall-clock time (epoch seconds): a state older than :data:`REPORTED_WITHIN`
+            vouches for nothing (Airflow calls that keep failing must not slow the waiters' looks).
+        """
+        if self._try is None or not self._running or self._ended or now - self._reported_at > REPORTED_WITHIN:
+            return None
+        return self._try[-1]
 
     @property
     def wants_lock(self) -> bool:
@@ -109,7 +137,7 @@ class HolderWatch:
             return False
         reported = state is None or isinstance(state, str)
         if reported:
-            self._state = state
+            self._state, self._reported_at = state, now
         running = state == RUNNING
         watched = _try_of(record)
         if watched != self._try:
@@ -185,6 +213,14 @@ async def look_at_holder(
             f"the state of {record.names()}", state_of or _handoff.task_instance_state, record, default=state
         )
     woken = watch.saw(record, state, now())
+    # Its end will be seen here: the waiters' own looks at it are the safety net only (or withdrawn).
+    vouch(
+        key,
+        watch.vouched(now()),
+        cap=VOUCHED_LOOKS_EVERY,
+        api_url=client.api_url,
+        credential_id=client.credential_id,
+    )
     if watch.wants_lock:
         try:
             lock = await client.get(key)

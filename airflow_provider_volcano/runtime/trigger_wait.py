@@ -28,8 +28,9 @@ from airflow_provider_volcano.records.holder import HolderRecord, read_holder
 from airflow_provider_volcano.runtime.airflow_calls import ask
 from airflow_provider_volcano.runtime.handoff_look import alook, waiting_facts
 from airflow_provider_volcano.runtime.holder_watch import WATCH_EVERY, HolderWatch, look_at_holder
+from airflow_provider_volcano.runtime.waiting_line import LINE_READ_AGE
 from volcano_locks import AuthError, InvalidRequest, VolcanoError, WaitTimeout
-from volcano_locks.integration import WaitPolicy, expected_start, reported, wake
+from volcano_locks.integration import WaitPolicy, expected_start, reported, reported_holder_age, wake
 
 if TYPE_CHECKING:
     from airflow_provider_volcano.hooks.volcano import VolcanoHook
@@ -77,10 +78,13 @@ class _HandoffWatch:
     read: asyncio.Future[LockState | None] | None = None
     read_at: float = 0.0
 
-    async def holder(self, client: AsyncVolcanoLocks, *, fresh: bool = False) -> LockState | None:
-        """The holder, read once for every waiting line of this key within a few seconds.
+    async def holder(
+        self, client: AsyncVolcanoLocks, *, fresh: bool = False, within: float = LOOK_EVERY
+    ) -> LockState | None:
+        """The holder, read once for every waiting line of this key within ``within`` seconds.
 
         :param fresh: read now (before a release is decided), not from the last few seconds.
+        :param within: the oldest read that will do (seconds).
         """
 
         async def read() -> LockState | None:
@@ -89,7 +93,7 @@ class _HandoffWatch:
             except VolcanoError:
                 return None
 
-        if fresh or self.read is None or time.monotonic() - self.read_at > LOOK_EVERY:
+        if fresh or self.read is None or time.monotonic() - self.read_at > within:
             self.read, self.read_at = asyncio.ensure_future(read()), time.monotonic()
         return await asyncio.shield(self.read)
 
@@ -261,23 +265,28 @@ async def wait_for_lock(
     """
     reads: set[asyncio.Task[None]] = set()
 
-    async def read_and_report(waited: float, when: str) -> None:
-        holder = await watch.holder(client)
+    async def read_and_report(seen: LockState | None, age: float | None, waited: float, when: str) -> None:
+        shared = None if watch.read is None else time.monotonic() - watch.read_at
+        stale = age is None or age > LINE_READ_AGE or (shared is not None and shared < age)
+        if seen is None or seen.fencing_token is None or stale:
+            seen = await watch.holder(client, within=LINE_READ_AGE)  # no request if the shared one will do
+            age = time.monotonic() - watch.read_at
         facts = waiting_facts(
-            holder,
+            seen,
             watch.record,
             watch.state,
             watch.provenance,
-            age=time.monotonic() - watch.read_at,
+            age=age,
             holder_state=watch.holder_watch.ended_state,
         )
         log.info("Still waiting for lock %r after %.0f s; it is %s; %s", key, waited, facts, when)
 
-    def still_waiting(_holder: LockState | None, waited: float) -> None:
-        # Issue 28: from a read whose age is said (shared by the key's lines for a few seconds), never
-        # the engine's last look, which a long hold's backoff leaves minutes old.
+    def still_waiting(holder: LockState | None, waited: float) -> None:
+        # Issue 28: the engine's last look when it is at most LINE_READ_AGE old, else a read shared by
+        # the key's lines; either way its age is said (a long hold's backoff leaves looks a minute apart).
         when = expected_start(reported())  # the engine's estimate, inside its report (issue 30)
-        task = asyncio.get_running_loop().create_task(read_and_report(waited, when))
+        age = reported_holder_age()
+        task = asyncio.get_running_loop().create_task(read_and_report(holder, age, waited, when))
         reads.add(task)
         task.add_done_callback(reads.discard)
 

@@ -18,7 +18,11 @@ if TYPE_CHECKING:
     from airflow_provider_volcano.records.holder import HolderRecord
     from volcano_locks import LockState
 
-__all__ = ["holder_line"]
+__all__ = ["LINE_READ_AGE", "holder_line"]
+
+LINE_READ_AGE = 60.0
+"""A waiting line names the holder from a read at most this many seconds old (the wait engine's last
+look, or a read shared by the key's lines), and says its age; an older one is read again."""
 
 
 def holder_line(

@@ -17,12 +17,14 @@ from airflow_provider_volcano import _handoff
 from airflow_provider_volcano.records.holder import HolderRecord
 from airflow_provider_volcano.runtime.holder_watch import (
     EXPIRY_LOOKS,
+    REPORTED_WITHIN,
+    VOUCHED_LOOKS_EVERY,
     WAKES_PER_MINUTE,
     HolderWatch,
     look_at_holder,
 )
 from volcano_locks import AsyncVolcanoLocks, LockState
-from volcano_locks.waiting import WaitPolicy
+from volcano_locks.waiting import SharedPolls, WaitPolicy
 
 NOT_REPORTED = _handoff._NOT_REPORTED
 
@@ -85,6 +87,24 @@ def test_wakes_are_bounded_whatever_the_records_say() -> None:
     assert watch.saw(_record(fencing=1000), "success", 61.0) is True  # a minute later: again
 
 
+def test_only_a_try_airflow_says_runs_now_is_vouched_for() -> None:
+    watch = HolderWatch()
+    assert watch.vouched(0.0) is None  # nothing watched yet
+    watch.saw(_record(fencing=7), NOT_REPORTED, 0.0)
+    assert watch.vouched(0.0) is None  # Airflow has not said it runs
+    watch.saw(_record(fencing=7), "running", 1.0)
+    assert watch.vouched(1.0) == 7
+    watch.saw(_record(fencing=7), NOT_REPORTED, 2.0)  # Airflow did not answer: still the last report's
+    assert watch.vouched(1.0 + REPORTED_WITHIN) == 7
+    assert watch.vouched(1.1 + REPORTED_WITHIN) is None  # too long without an answer: vouch for nothing
+    watch.saw(_record(fencing=7), "running", 40.0)
+    assert watch.vouched(40.0) == 7
+    watch.saw(_record(fencing=7), "success", 41.0)
+    assert watch.vouched(41.0) is None  # ended: the waiters are woken, and look for themselves
+    watch.saw(_record(fencing=9), "running", 42.0)  # the lock changed hands
+    assert watch.vouched(42.0) == 9
+
+
 # -- the driver against the real local server --------------------------------------------------------
 
 
@@ -137,4 +157,24 @@ async def test_a_crashed_holders_lease_is_taken_at_its_expiry(volcano_conn, outs
         got = waiter.result()
     assert got.fencing_token > lease.fencing_token
     assert datetime.now(UTC) >= lease.expires_at + timedelta(seconds=1)  # the server's grace, not before
+    outside.release(unique_key, got)
+
+
+async def test_a_running_holder_is_vouched_for_to_the_keys_waiters_and_withdrawn_when_it_ends(
+    volcano_conn, outside, unique_key
+) -> None:
+    lease = outside.acquire(unique_key, 60)
+    record = _record(lease.fencing_token, key=unique_key)
+    state = "running"
+    waiter = await _waiter(volcano_conn, unique_key)
+    [entry] = SharedPolls.matching(unique_key, volcano_conn.url, None)
+    async with AsyncVolcanoLocks(volcano_conn.url, volcano_conn.anon_key, volcano_conn.service_key) as client:
+        watch = HolderWatch()
+        await look_at_holder(watch, unique_key, record, client, state_of=lambda r: state)
+        assert entry.vouched == (lease.fencing_token, VOUCHED_LOOKS_EVERY)
+        state = "success"  # the body is releasing: Airflow records the try's end first here
+        assert await look_at_holder(watch, unique_key, record, client, state_of=lambda r: state)
+        assert entry.vouched is None
+        outside.release(unique_key, lease)
+        got = await asyncio.wait_for(waiter, 60)
     outside.release(unique_key, got)

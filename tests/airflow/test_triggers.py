@@ -175,3 +175,26 @@ async def test_trigger_acquires_for_the_handoff_and_says_when(volcano_conn, outs
     assert again.fencing_token == event["fencing_token"]
     assert (again.expires_at - datetime.now(UTC)).total_seconds() <= 11
     outside.release(unique_key, again)
+
+
+async def test_waiting_lines_name_the_holder_from_the_engines_look_at_no_extra_request(
+    volcano_conn, outside, unique_key, capfd
+) -> None:
+    """Issue 28: the lines take the engine's look (its age said) instead of reading the lock again."""
+    held = outside.acquire(unique_key, 30)
+    first = asyncio.create_task(_first_event(_trigger(unique_key, 0, poll=30.0)))
+    await asyncio.sleep(6.0)  # past the lines' own shared read's few seconds (LOOK_EVERY)
+    second = asyncio.create_task(_first_event(_trigger(unique_key, 1, poll=30.0)))
+    await asyncio.sleep(1.5)
+    out, err = capfd.readouterr()
+    lines = [line for line in (out + err).splitlines() if "Still waiting for lock" in line]
+    gets = [r for r in volcano_conn.requests() if unique_key in r.get("path", "") and r.get("op") == "get"]
+    for task in (first, second):
+        task.cancel()
+    await asyncio.gather(first, second, return_exceptions=True)
+    outside.release(unique_key, held)
+    assert len(lines) == 2, lines
+    assert all(f"held with fencing token {held.fencing_token} until" in line for line in lines), lines
+    assert "(as read 0 s ago)" in lines[0] and "(as read 6 s ago)" in lines[1], lines
+    # One look: the first trigger's engine asks who holds the lock once, and both lines say it.
+    assert len(gets) == 1, gets

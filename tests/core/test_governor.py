@@ -14,6 +14,7 @@ import pytest
 from volcano_locks import InvalidRequest, LockContention, LockState, RateLimited, TransportError
 from volcano_locks._steps import Send, Wait
 from volcano_locks.clock import lease_clock
+from volcano_locks.eta import reported_holder_age
 from volcano_locks.governor import (
     BLACKOUT_SPREAD,
     BUSY_SHARE,
@@ -29,7 +30,7 @@ from volcano_locks.governor import (
     validate_wait_budget,
 )
 from volcano_locks.models import LockLease
-from volcano_locks.waiting import SharedPolls, WaitPolicy, _KeyWait, _wait_flow, _Waiter, inform, wake
+from volcano_locks.waiting import SharedPolls, WaitPolicy, _KeyWait, _wait_flow, _Waiter, inform, vouch, wake
 from volcano_locks.waiting.policy import JITTER
 
 
@@ -307,6 +308,76 @@ def test_an_announced_holder_moves_the_next_look_to_its_expiry_and_the_others_le
         assert flow_b.send(None) == Send("get")
         step = flow_b.send(_held(40.0, fencing=6))  # it renewed: its expiry is the first's to watch
         assert isinstance(step, Wait) and step.until - clock.now == pytest.approx(1.0)
+
+
+def test_a_vouched_holder_is_looked_at_every_vouched_cap_and_only_while_the_looks_find_it() -> None:
+    # The Airflow triggerer watches the holder's task try (no lock request) and wakes the waiters when
+    # it ends: the looks at that holder are the safety net only, however long it holds (issue 28).
+    clock = Clock(lease_clock())
+    waiter = _waiter("vouched")
+    quiet = WaitPolicy(poll=1.0, factor=1.6, cap=20.0, report_every=math.inf)
+    with SharedPolls.join("scope-v", "http://x", "cred", waiter) as entry:
+        flow = _flow(entry, waiter, governor(600, clock), clock, policy=quiet)
+        next(flow)
+        step = flow.send(LockContention("held", holder=_held(600.0, fencing=4)))
+        assert vouch("vouched", 4, cap=90.0, api_url="http://x", credential_id="cred") == 1
+        assert vouch("vouched", 4, cap=90.0, api_url="http://elsewhere") == 0
+        looks = []
+        for _ in range(4):
+            assert isinstance(step, Wait)
+            looks.append(step.until - clock.now)
+            clock.now = step.until
+            assert flow.send(None) == Send("get")
+            step = flow.send(_held(600.0, fencing=4))
+        # The look booked before the vouch comes at poll; after it, every look at the vouched cap.
+        assert looks == pytest.approx([1.0, 90.0, 90.0, 90.0])
+        step = _looked(flow, clock, step, _held(600.0, fencing=5))  # another holder: the policy's backoff
+        assert isinstance(step, Wait) and step.until - clock.now == pytest.approx(1.0)
+        vouch("vouched", 5, cap=90.0)
+        step = _looked(flow, clock, step, _held(12.0, fencing=5))  # not renewing: looked at its end
+        assert isinstance(step, Wait) and step.until - clock.now == pytest.approx(13.1, abs=0.2)
+        vouch("vouched", None)  # withdrawn: the policy's backoff again
+        step = _looked(flow, clock, step, _held(40.0, fencing=5))
+        assert isinstance(step, Wait) and step.until - clock.now < 20.0 * (1 + JITTER)
+
+
+def _looked(flow: Flow, clock: Clock, step: object, seen: LockState) -> object:
+    assert isinstance(step, Wait)
+    clock.now = step.until
+    assert flow.send(None) == Send("get")
+    return flow.send(seen)
+
+
+@pytest.mark.parametrize("cap", [0.0, -1.0, math.inf, math.nan])
+def test_vouch_refuses_a_cap_it_cannot_use(cap: float) -> None:
+    with pytest.raises(InvalidRequest, match="invalid cap"):
+        vouch("k", 3, cap=cap)
+
+
+def test_the_report_says_how_old_the_holder_it_passes_is() -> None:
+    clock, entry, waiter = Clock(), _KeyWait("k"), _waiter()
+    ages: list[float | None] = []
+    flow = _flow(
+        entry,
+        waiter,
+        governor(600, clock),
+        clock,
+        policy=WaitPolicy(poll=50.0, cap=50.0, report_every=60.0),
+        on_waiting=lambda h, w: ages.append(reported_holder_age()),
+    )
+    next(flow)
+    assert flow.send(LockContention("held")) == Send("get")  # a refusal names no holder: one look first
+    clock.now += 0.5
+    step = flow.send(_held(3600, fencing=8))
+    assert ages == [0.0]
+    while len(ages) < 2:
+        clock.now = step.until  # type: ignore[union-attr]
+        step = flow.send(None)
+        if isinstance(step, Send):
+            step = flow.send(_held(3600, fencing=8))
+    # At the minute's report the last look was taken 50 s (the poll, jitter at its middle) after the first.
+    assert ages[1] == pytest.approx(60.0 - 50.0)
+    assert reported_holder_age() is None  # only inside the report
 
 
 @pytest.mark.parametrize(

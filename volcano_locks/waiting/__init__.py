@@ -38,7 +38,10 @@ engine spends deliberately:
   :attr:`~WaitPolicy.at_expiry` looks only when a known holder's lease would end unrenewed (its
   ``expires_at`` plus the grace) or, for a longer lease, about ``cap`` seconds on (its holder may
   release early where no event announces it): a line of short holds costs no looks, a crashed holder
-  is taken over about a second after its lease ends.
+  is taken over about a second after its lease ends. Where something watches the holder itself at no
+  lock request (the Airflow triggerer asks Airflow for the holder's task state), :func:`vouch` tells
+  the waiters that this holder's end will be announced: while the looks find it, they come only every
+  vouched ``cap`` seconds (and at its lease's end if it stops renewing), however long it holds.
 
 The engine's decisions are one sans-I/O generator (:func:`~volcano_locks.waiting.flow._wait_flow`) that
 yields "wait until" and "send" steps (:mod:`volcano_locks._steps`); :func:`wait_acquire` drives it with
@@ -51,8 +54,8 @@ The parts, one module each:
 * :mod:`~volcano_locks.waiting.policy`: the backoff's bounds and the next look's delay (:class:`WaitPolicy`,
   :func:`poll_delay`, :data:`FLOOR`, :data:`GRACE`, :data:`JITTER`);
 * :mod:`~volcano_locks.waiting.waiter`: one waiter and its state (:class:`WaiterState`);
-* :mod:`~volcano_locks.waiting.registry`: the per-key queues shared in a process (:class:`SharedPolls`)
-  and :func:`wake`;
+* :mod:`~volcano_locks.waiting.registry`: the per-key queues shared in a process (:class:`SharedPolls`),
+  :func:`wake`, :func:`inform` and :func:`vouch`;
 * :mod:`~volcano_locks.waiting.flow`: the sans-I/O flow;
 * :mod:`~volcano_locks.waiting.drivers`: the sync and async drivers.
 """
@@ -71,7 +74,7 @@ from volcano_locks.waiting.policy import (
     poll_delay,
     until_ended,
 )
-from volcano_locks.waiting.registry import SharedPolls, inform, wake
+from volcano_locks.waiting.registry import SharedPolls, inform, vouch, wake
 from volcano_locks.waiting.registry import _KeyWait as _KeyWait
 from volcano_locks.waiting.waiter import WaiterState
 from volcano_locks.waiting.waiter import _Waiter as _Waiter
@@ -91,6 +94,7 @@ __all__ = [
     "inform",
     "poll_delay",
     "until_ended",
+    "vouch",
     "wait_acquire",
     "wake",
 ]

@@ -137,7 +137,8 @@ def _wait_flow(
 def _report(on_waiting: OnWaiting, entry: _KeyWait, waiter: _Waiter, now: float, started: float) -> None:
     """Call ``on_waiting`` with the holder and the time waited; :func:`volcano_locks.eta.reported` gives
     the waiter's expected start meanwhile."""
-    with reporting(entry.eta(waiter, now)):
+    looked = None if entry.looked_at is None else max(0.0, now - entry.looked_at)
+    with reporting(entry.eta(waiter, now), holder_age=looked):
         on_waiting(entry.holder, now - started)
 
 
@@ -164,6 +165,14 @@ def _settle(
             return
         if policy.at_expiry:
             look_at_expiry(holder)
+            return
+        vouched = entry.vouched_cap(holder)
+        if vouched is not None:
+            # Its end is announced (`vouch`): looks are the safety net only, at the vouched cap (and at
+            # the lease's end when the holder is not seen renewing: a crash nobody reported).
+            entry.next_look_at = now + poll_delay(
+                holder, poll=vouched, now=wall, draw=rng(), renewing=entry.renewing
+            )
             return
         # A poller for many waiters looks every half poll while a line passes (the next handoff is
         # due); past twice the last tenure (and its slack) it is a long holder: back off, cost little.
@@ -198,10 +207,12 @@ def _settle(
             entry.free_seen = False
             entry.delay, entry.moved = None, True
             entry.changed_hands(now)  # our own waiter holds it now: the next in line times its tenure
+            entry.looked_at = now
         entry.next_look_at = now + poll_delay(None, poll=policy.poll, now=wall, draw=rng())
         return outcome
     if isinstance(outcome, LockState):
         waiter.looked()
+        entry.looked_at = now
         if outcome.held:
             entry.seen_held(outcome, now)
             look_later(outcome)

@@ -19,7 +19,7 @@ from volcano_locks.models import LockState
 from volcano_locks.waiting.policy import FLOOR, until_ended
 from volcano_locks.waiting.waiter import _Waiter
 
-__all__ = ["SharedPolls", "inform", "wake"]
+__all__ = ["SharedPolls", "inform", "vouch", "wake"]
 
 logger = logging.getLogger("volcano_locks.waiting")
 
@@ -53,6 +53,15 @@ class _KeyWait:
     tenure: float | None = None  # how long the holder before it held, as seen from here
     behind: float = 0.0  # seconds this queue leaves past a holder's expiry to the first in line (`inform`)
     tenures: deque[float] = field(default_factory=lambda: deque(maxlen=TENURES_KEPT))  # the last ones
+    looked_at: float | None = None  # lease-clock time ``holder`` was last read (a look, an announcement)
+    vouched: tuple[int, float] | None = None  # (fencing token, cap): that holder's end is announced (`vouch`)
+
+    def vouched_cap(self, holder: LockState | None) -> float | None:
+        """The backoff's cap while ``holder`` is the one vouched for (:func:`vouch`), else ``None``."""
+        vouched = self.vouched
+        if vouched is None or holder is None or holder.fencing_token != vouched[0]:
+            return None
+        return vouched[1]
 
     def changed_hands(self, now: float) -> None:
         """The lock has a new holder since the last look: remember how long the previous one held."""
@@ -121,6 +130,7 @@ class _KeyWait:
             if known is not None and state.fencing_token is not None and state.fencing_token < known:
                 return False
             self.seen_held(state, now)
+            self.looked_at = now
             self.renewing = False  # a new lease: its expiry is when it ends unless it renews
             self.behind = behind
             self.next_look_at = now + max(FLOOR, until + behind)
@@ -298,3 +308,44 @@ def inform(
             "told %d waiting queue(s) for lock %r of fencing token %s", told, key, holder.fencing_token
         )
     return told
+
+
+def vouch(
+    key: str,
+    fencing_token: int | None,
+    *,
+    cap: float = 60.0,
+    api_url: str | None = None,
+    credential_id: str | None = None,
+) -> int:
+    """Tell the queues waiting on ``key`` that the holder with ``fencing_token`` is watched elsewhere.
+
+    Something that costs no lock request (an orchestrator that runs the holder: the Airflow triggerer
+    asks Airflow for the holder's task state) will :func:`wake` the waiters the moment that holder
+    ends, so their own looks are only the safety net while it holds: they back off straight to
+    ``cap`` seconds (jittered), instead of growing from ``poll`` towards the policy's cap. A holder
+    that is not renewing is still looked at when its lease would end (a crash nobody reported). The
+    vouch applies only while the looks find that fencing token; ``None`` withdraws it. Callable from
+    any thread.
+
+    Args:
+        key: The lock key.
+        fencing_token: The watched holder's fencing token (``None``: no holder is vouched for).
+        cap: Seconds between the safety-net looks at the vouched holder (at least :data:`FLOOR`).
+        api_url: Only waiters of this API URL (``None``: any).
+        credential_id: Only waiters of this credential fingerprint (``None``: any).
+
+    Returns:
+        How many key queues took it in.
+
+    Raises:
+        InvalidRequest: ``cap`` is not a finite number of seconds of at least :data:`FLOOR`.
+    """
+    if not (math.isfinite(cap) and cap >= FLOOR):
+        raise InvalidRequest(f"invalid cap {cap!r}: expected finite seconds >= {FLOOR}")
+    vouched = None if fencing_token is None else (fencing_token, float(cap))
+    entries = SharedPolls.matching(key, api_url, credential_id)
+    for entry in entries:
+        with entry.lock:
+            entry.vouched = vouched
+    return len(entries)
