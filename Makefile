@@ -22,6 +22,8 @@ help:
 	@echo "make demo   - a local locks server and a Prefect server, the example DAGs and flows against them (DEMO_TIMEOUT=600)"
 	@echo "make test   - run the whole test suite (builds both environments from uv.lock)"
 	@echo "make test-fast - the fast tier only (pytest -m 'not slow'), in both environments"
+	@echo "make test-prefect / test-airflow - one environment's whole suite; test-airflow-stacks, test-airflow-rest,"
+	@echo "             test-prefect-processes, test-prefect-rest - one of make test's four lanes"
 	@echo "make bench  - run every benchmark under bench/ and print their tables"
 	@echo "make chaos  - the chaos suite (CHAOS_SECONDS=600 for a long run)"
 	@echo "make lint   - ruff and mypy"
