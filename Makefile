@@ -105,7 +105,7 @@ test-airflow: envs
 
 # On the oldest supported versions (providers/volcano/docs/supported-versions.rst): provider registration,
 # the trigger, the operator under dag.test() and a full deferral, the triggerer's prebuilt Execution API and
-# the trigger's bounded Airflow calls; Prefect's block, locked_task and events.
+# the trigger's bounded Airflow calls; Prefect's block, locked_task and events, and the docs' locked snippets.
 # (The trigger's tests last: their first one times its polls, which a cold first connection lookup delays.)
 AIRFLOW_OLDEST_TESTS := tests/airflow/test_provider_info.py \
   tests/airflow/test_dags.py::test_every_dag_in_dags_folder_loads_and_is_tested \
@@ -116,7 +116,8 @@ AIRFLOW_OLDEST_TESTS := tests/airflow/test_provider_info.py \
   tests/airflow/test_triggers.py
 PREFECT_OLDEST_TESTS := tests/prefect/test_credentials.py tests/prefect/test_decoration.py \
   tests/prefect/test_locked.py tests/prefect/test_events.py \
-  tests/prefect/test_endings.py::test_every_ending_runs_clean tests/prefect/test_endings.py::test_every_example_runs_clean
+  tests/prefect/test_endings.py::test_every_ending_runs_clean tests/prefect/test_endings.py::test_every_example_runs_clean \
+  tests/prefect/test_snippets.py
 # Airflow 3.1's own code warns under the newer libraries the lock resolves (SQLAlchemy 2.1, starlette, the
 # newest common-compat provider) and about its own Connection.from_json; those four warnings are ignored by
 # the start of their message, every other warning stays an error.
