@@ -94,6 +94,18 @@ def _row(page: Any, name: str) -> str:
     return str(rows.last.inner_text())
 
 
+def _dashboard_row(page: Any, state: str, name: str) -> str:
+    """The dashboard's row of run `name`: its Flow Runs card's tab for `state`, the flow's list opened."""
+    card = page.locator(".p-tabs.flow-run-state-type-tabs")
+    card.locator(".p-tab").filter(has=page.locator(f".bg-state-{state}-500")).first.click()
+    header = page.locator(".flow-runs-accordion-header").first
+    header.wait_for(timeout=20_000)
+    if not page.get_by_text(name).count():
+        header.click()  # the flow's runs are folded under its name
+    page.get_by_text(name).first.wait_for(timeout=20_000)
+    return _row(page, name)
+
+
 def _saved(base: str, name: str) -> list[dict[str, Any]]:
     return [b for b in httpx.post(f"{base}/api/block_documents/filter", json={}).json() if b["name"] == name]
 
@@ -164,7 +176,7 @@ def test_a_url_without_a_scheme_is_refused_with_its_value_named(prefect_ui: str)
 BOARD_DEMO = Path(__file__).with_name("board_demo.py")
 
 
-def test_lock_current_view_and_a_skipped_run_in_the_deployment_runs_tab(
+def test_lock_current_view_and_a_skipped_run_in_the_runs_lists_and_the_dashboard(
     prefect_ui: str, volcano_server: Any, tmp_path: Path
 ) -> None:
     import uuid
@@ -241,6 +253,14 @@ def test_lock_current_view_and_a_skipped_run_in_the_deployment_runs_tab(
                         assert "Completed" in row, (where, row)
                         assert SKIPPED_TAG not in _row(page, holder["name"]), where
                         page.screenshot(path=str(SCREENSHOTS / shot))
+                    # The dashboard's Flow Runs card lists a state's runs under its state tab, by flow.
+                    page.goto(f"{prefect_ui}/dashboard", wait_until="networkidle")
+                    for state, run, tagged in (("running", holder, False), ("completed", skipped, True)):
+                        row = _dashboard_row(page, state, run["name"])
+                        assert (SKIPPED_TAG in row) is tagged, (state, row)
+                        assert state.capitalize() in row, (state, row)
+                    page.wait_for_timeout(1500)  # the flow's list finishes opening
+                    page.screenshot(path=str(SCREENSHOTS / "prefect-dashboard-skipped.png"))
                 finally:
                     browser.close()
         finally:
