@@ -153,6 +153,9 @@ SLOW: dict[str, str | dict[str, str]] = {
         "test_the_readme_first_lock_holds_the_lock_while_it_prints_the_fencing_token": PROCESSES,
     },
     "tests/packaging/test_release.py": PROCESSES,  # every test reads the wheel and sdist `make dist` builds
+    "tests/support/test_busy.py": {
+        "test_processes_running_now_count_before_the_load_average_catches_up": PROCESSES,
+    },
     "tests/support/test_pg_select.py": {
         "test_on_this_machine_the_reason_is_honest_about_docker": PROCESSES,
     },

@@ -3,27 +3,25 @@
 Real processes: api-server, dag processor, scheduler (LocalExecutor) on SQLite, and no triggerer at
 first. The test holds a lock; ``WAITERS`` runs of ``volcano_handoff`` defer waiting for it (their
 triggers wait in the database for a triggerer). Then the machine is kept busy (``BURNERS`` CPU-bound
-processes, one per core of the test machine) and a fresh triggerer starts: a new process with cold
-caches, its supervisor's in-process Execution API not built yet. As soon as its triggers look at the
-lock, the test releases it. Within ``HANDOFF_BOUND`` seconds of the release a trigger acquires the lock
-for its task and Airflow has its event (the task instance leaves ``deferred``), and Airflow never says
-the triggerer's event loop "appears deadlocked".
+neighbours, one per core of the test machine: ``tests.support.busy``) and a fresh triggerer starts: a new
+process with cold caches, its supervisor's in-process Execution API not built yet. As soon as its
+triggers look at the lock, the test releases it. Within ``HANDOFF_BOUND`` seconds of the release a
+trigger acquires the lock for its task and Airflow has its event (the task instance leaves ``deferred``),
+and Airflow never says the triggerer's event loop "appears deadlocked".
 """
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from tests.airflow.helpers import STACK_DAGS, Stack, VolcanoConn, dag_stack, deferral_processed, until
+from tests.support.busy import busy
 from volcano_locks import VolcanoLocks
 
 pytestmark = pytest.mark.slow
@@ -31,7 +29,7 @@ pytestmark = pytest.mark.slow
 DAG_ID = "volcano_handoff"
 WAITERS = 4
 BURNERS = int(os.environ.get("VOLCANO_TEST_BURNERS", "2"))
-"""CPU-bound processes beside the stack (one per core here; more to measure a busier machine)."""
+"""CPU-bound neighbours of the stack (one per core here; more to measure a busier machine)."""
 HANDOFF_BOUND = 5.0
 """Seconds from the release to Airflow holding the first waiter's event (the issue's bound)."""
 DEADLOCKED = "TriggerRunner subprocess event loop appears deadlocked"
@@ -43,18 +41,6 @@ def stack(airflow_db: Path, session_conn: VolcanoConn, tmp_path_factory) -> Iter
     dags = [STACK_DAGS / "volcano_handoff_dags.py"]
     with dag_stack(airflow_db, session_conn, root, dags, [DAG_ID], triggerer=False) as s:
         yield s
-
-
-@contextmanager
-def _busy() -> Iterator[None]:
-    """``BURNERS`` CPU-bound processes beside the stack while the block runs."""
-    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(BURNERS)]
-    try:
-        yield
-    finally:
-        for proc in burners:
-            proc.kill()
-            proc.wait(10)
 
 
 def _states(stack: Stack, runs: list[str]) -> dict[str, str | None]:
@@ -88,7 +74,7 @@ def test_a_fresh_triggerer_under_load_hands_a_contended_lock_over_within_seconds
     for run_id in runs:  # Airflow's race (the README's Known limits): no trigger fires before this
         deferral_processed(stack, DAG_ID, "hold", run_id, 300)
 
-    with _busy():
+    with busy(BURNERS):
         started = time.time()
         stack.start("triggerer", "triggerer")
         until(

@@ -1,33 +1,32 @@
 """`make demo` is the newcomer's first look: from a fresh clone, on a busy machine, it tells the whole story.
 
 The test copies the repository as a fresh clone has it (no environments, no uv), and runs `make demo` there
-from a newcomer's shell while two CPU-bound processes run beside it: on a 2-core machine that leaves the
-demo (which builds the environments first, from uv's cache: about half a minute) a share of the cores
+from a newcomer's shell beside two CPU-bound neighbours (started here when the machine is quiet; inside
+`make test` the other lanes are those neighbours, ``tests.support.busy``): on a 2-core machine that leaves
+the demo (which builds the environments first, from uv's cache: about half a minute) a share of the cores
 like a laptop busy with other work, or a CI runner with neighbours. It takes 4-8 minutes.
 """
 
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.support.busy import busy
 from tests.support.newcomer import fresh_clone, shell_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 # `make demo`'s own bound is DEMO_TIMEOUT a step (600 s); this only catches a hang of the whole.
 DEMO_TIMEOUT_S = 1500
-CPU_BOUND = "while True: pass"
 
 
 def test_make_demo_from_a_fresh_clone_beside_two_cpu_bound_processes(tmp_path: Path) -> None:
     clone = fresh_clone(tmp_path)
     assert (clone / "Makefile").is_file() and not (clone / ".venv-prefect").exists()
-    hogs = [subprocess.Popen([sys.executable, "-c", CPU_BOUND]) for _ in range(2)]
-    try:
+    with busy(2):
         proc = subprocess.run(
             ["make", "demo"],
             cwd=clone,
@@ -37,10 +36,6 @@ def test_make_demo_from_a_fresh_clone_beside_two_cpu_bound_processes(tmp_path: P
             text=True,
             timeout=DEMO_TIMEOUT_S,
         )
-    finally:
-        for hog in hogs:
-            hog.kill()
-            hog.wait()
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-4000:]
     out = proc.stdout
     print(out[out.find("How long each step took") :])  # shown with -rP: the figures getting-started quotes

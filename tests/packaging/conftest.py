@@ -16,7 +16,7 @@ from tests.support.newcomer import make
 def dist(tmp_path_factory: pytest.TempPathFactory) -> Dist:
     """`make dist` into a temporary directory (never the checkout's dist/), then what it made."""
     out = tmp_path_factory.mktemp("dist")
-    make("dist", timeout=300, DIST_DIR=str(out))
+    make("dist", timeout=600, DIST_DIR=str(out))  # a hang catcher (it runs at low priority)
     wheels = sorted(out.glob("volcano_locks-*-py3-none-any.whl"))
     sdists = sorted(out.glob("volcano_locks-*.tar.gz"))
     assert len(wheels) == 1 and len(sdists) == 1, sorted(p.name for p in out.iterdir())

@@ -45,7 +45,8 @@ def prefect_harness(prefect_home: Path) -> Iterator[str]:
     """One Prefect test server (temporary database) for the whole session; yields its API URL."""
     storage = prefect_home / "storage"
     settings = {PREFECT_HOME: prefect_home, PREFECT_LOCAL_STORAGE_PATH: storage}
-    with temporary_settings(updates=settings), prefect_test_harness(server_startup_timeout=90):
+    # 300 s: a hang catcher (at make test's start every lane starts its servers at once on two cores).
+    with temporary_settings(updates=settings), prefect_test_harness(server_startup_timeout=300):
         yield str(PREFECT_API_URL.value())
     shutil.rmtree(prefect_home, ignore_errors=True)
 

@@ -53,6 +53,7 @@ def test_create_form_fields_and_the_saved_key_is_masked(prefect_ui: str) -> None
             page = browser.new_page(viewport={"width": 1280, "height": 820})
             page.goto(f"{prefect_ui}/blocks/catalog/volcano-credentials/create", wait_until="networkidle")
             form = page.locator("form")
+            form.get_by_text("Service key").wait_for()  # the form renders after the network settles
             labels = form.locator("label").all_inner_texts()
             assert labels[:3] == ["Block Name", "API URL (Optional)", "Service key"]
             assert "Timeout (Optional)" in labels

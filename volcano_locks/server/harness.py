@@ -197,7 +197,7 @@ class LocalServer(_ServerBase):
         python: str = sys.executable,
         *,
         log_requests: bool = True,
-        startup_timeout: float = 15.0,
+        startup_timeout: float = 60.0,
         env: dict[str, str] | None = None,
         serve_args: Sequence[str] = (),
         admin_key: str | None = None,
@@ -208,6 +208,8 @@ class LocalServer(_ServerBase):
         """Configure (not start) a server; db None means a fresh SQLite file in a private temp dir.
 
         `serve_args` are appended to the `volcano-locks serve` command line (e.g. `--max-connections`).
+        `startup_timeout` only bounds a start that hangs: `start` returns at the server's `ready` line
+        (a start took over 15 s on a busy 2-core machine).
         `clock_offset` and `clock_rate` skew the server's clock from the start (a restart starts it
         afresh from them: set them first to carry a skew across); `history` is `serve --history`.
         """
