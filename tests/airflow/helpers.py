@@ -30,6 +30,12 @@ T = TypeVar("T")
 OWNER = re.compile(r"\bowner ([0-9a-f]{32})\b")  # the operator logs its try's public owner nonce
 
 
+STACK_HANG_BOUND = pytest.mark.timeout(900)
+"""A stack module's hang catcher: pytest-timeout counts the module's stack start (in its first test) and
+the stack's teardown (in its last), and on a busy two-core machine (make test's lanes) the default 300 s
+did not always cover them with the runs."""
+
+
 def airflow_bin() -> str:
     """Return the path of the airflow CLI of this environment."""
     return str(Path(sys.executable).with_name("airflow"))
@@ -102,7 +108,9 @@ def until(what: str, check: Callable[[], T], timeout: float = 180.0, *, stack: S
             stack.alive()
         if value := check():
             return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}" + (
+            f"\n{stack.report()}" if stack is not None else ""
+        )
         time.sleep(0.2)
 
 
@@ -276,15 +284,28 @@ class Stack:
 
     def report(self, *run_ids: str) -> str:
         """Why runs ended as they did, for an assertion's message: the scheduler's lines that name them
-        (state mismatches, kills, failures) and the tail of each run's task logs."""
+        (state mismatches, kills, failures) and the tail of each run's task logs (no ``run_ids``: of
+        every run)."""
         lines = [
             line
             for line in self.output("scheduler").splitlines()
-            if any(r in line for r in run_ids)
+            if (not run_ids or any(r in line for r in run_ids))
             and any(w in line for w in ("mismatch", "failed", "Killing", "killed", "externally", "FAILED"))
         ]
-        tails = [f"--- {r} task logs ---\n" + self.logs(r)[-2500:] for r in run_ids]
-        return "\n".join(["--- scheduler ---", *lines[-20:], *tails])
+        tails = [f"--- {r or 'every run'} task logs ---\n" + self.logs(r)[-2500:] for r in run_ids or (None,)]
+        return "\n".join(["--- runs ---", *self.run_states(), "--- scheduler ---", *lines[-20:], *tails])
+
+    def run_states(self) -> list[str]:
+        """A line per task try in the metadata database: run, its state, task, its state and try."""
+        try:
+            rows = self.query(
+                "SELECT dr.run_id, dr.run_type, dr.state, ti.task_id, ti.state, ti.try_number "
+                "FROM dag_run dr LEFT JOIN task_instance ti ON ti.dag_id = dr.dag_id AND ti.run_id = dr.run_id "
+                "ORDER BY dr.id"
+            )
+        except Exception as exc:  # a report must not hide the failure it reports
+            return [f"(run states unreadable: {exc!r})"]
+        return [" ".join(str(v) for v in row) for row in rows]
 
     def alive(self) -> None:
         """Fail the test with the process's output if any Airflow process has exited."""
@@ -321,6 +342,9 @@ def _stack_env(home: Path, port: int, dags: Path, tmp_path: Path, executor: str,
         "AIRFLOW__API__PORT": str(port),
         "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(home / "logs"),
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+        # A new DAG file is parsed when it is found; the files a stack starts with never change, and
+        # re-parsing each every 30 s (the default) kept a dag processor busy on a two-core machine.
+        "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "600",
         "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
         "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "1",
         "VOLCANO_EXAMPLES_DB": str(tmp_path / "examples.sqlite"),

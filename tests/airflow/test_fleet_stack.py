@@ -24,10 +24,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.airflow.helpers import DAGS, STACK_DAGS, Stack, VolcanoConn, dag_stack
+from tests.airflow.helpers import DAGS, STACK_DAGS, STACK_HANG_BOUND, Stack, VolcanoConn, dag_stack
 from volcano_locks.fencing import FencedTable
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, STACK_HANG_BOUND]
 
 FLEET_DAGS = (
     "volcano_slow_resume",
@@ -75,7 +75,7 @@ def _finish(stack: Stack, dag_id: str, run_ids: list[str], timeout: float) -> tu
         }
         if len(states) == len(run_ids) and all(s in ("success", "failed") for s in states.values()):
             return states, deferred
-        assert time.monotonic() < deadline, f"runs did not finish: {states}"
+        assert time.monotonic() < deadline, f"runs did not finish: {states}\n{stack.report(*run_ids)}"
         time.sleep(0.3)
 
 
@@ -102,6 +102,7 @@ def _one_holder_at_a_time(volcano_conn, key: str) -> list[str]:
     return owners
 
 
+@pytest.mark.timeout(1200)  # a hang catcher: the stack's start, and three runs of 60 s and more
 def test_three_waiters_whose_resumes_are_slower_than_the_ttl_all_run_one_at_a_time(
     fleet: Stack, volcano_conn, outside, unique_key
 ) -> None:
@@ -119,7 +120,7 @@ def test_three_waiters_whose_resumes_are_slower_than_the_ttl_all_run_one_at_a_ti
     _trigger(fleet, "volcano_slow_resume", ["slow_b", "slow_c"], {**conf, "steps": 3})
     runs = ["slow_a", "slow_b", "slow_c"]
     states, deferred = _finish(fleet, "volcano_slow_resume", runs, 420)
-    assert states == dict.fromkeys(runs, "success")
+    assert states == dict.fromkeys(runs, "success"), fleet.report(*runs)
     assert deferred == {"slow_b", "slow_c"}, deferred  # both waited in the triggerer
 
     # The fenced table: three holders one after the other, fencing tokens rising, no write refused.
@@ -159,7 +160,7 @@ def test_a_handoff_shorter_than_the_resume_lapses_visibly_and_the_task_still_run
         time.sleep(0.2)
     _trigger(fleet, "volcano_slow_resume_lapse", runs[1:], {**conf, "steps": 3})
     states, deferred = _finish(fleet, "volcano_slow_resume_lapse", runs, 300)
-    assert states == dict.fromkeys(runs, "success") and deferred == {"lapse_b"}
+    assert states == dict.fromkeys(runs, "success") and deferred == {"lapse_b"}, fleet.report(*runs)
     writes = FencedTable(fleet.env["VOLCANO_EXAMPLES_DB"]).history(resource)
     assert len(writes) == 48 and all(w.accepted for w in writes)
     assert [w.writer for w in writes] == ["lapse_a"] * 45 + ["lapse_b"] * 3

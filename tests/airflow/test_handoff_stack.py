@@ -30,10 +30,18 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_volcano._handoff import LOOK_EVERY
-from tests.airflow.helpers import STACK_DAGS, Stack, VolcanoConn, dag_stack, deferred_and_waiting, until
+from tests.airflow.helpers import (
+    STACK_DAGS,
+    STACK_HANG_BOUND,
+    Stack,
+    VolcanoConn,
+    dag_stack,
+    deferred_and_waiting,
+    until,
+)
 from volcano_locks import VolcanoLocks
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, STACK_HANG_BOUND]
 
 DAG_ID = "volcano_handoff"
 USER, PASSWORD = "ops", "handoff-test-password"

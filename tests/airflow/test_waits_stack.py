@@ -118,7 +118,8 @@ def test_a_line_behind_a_long_hold_sees_each_release_at_once(
         LONG + 600,
         stack=stack,
     )
-    assert {r: _state(stack, LINE_DAG, r) for r in runs} == dict.fromkeys(runs, "success")
+    ended = {r: _state(stack, LINE_DAG, r) for r in runs}
+    assert ended == dict.fromkeys(runs, "success"), stack.report(*runs)
 
     ops = sorted(_ops(volcano_conn, unique_key), key=lambda r: float(r["time"]))  # type: ignore[arg-type]
     releases = [r for r in ops if r["op"] == "release" and r["status"] == 204]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -85,9 +86,20 @@ def test_operator_never_succeeds_after_its_lock_was_lost_under_faults_and_a_serv
     stack.unpause_when_parsed(DAG_ID, timeout=180)
     # 45 s of writes: the holder is still writing when the server is killed, however long the two CLI
     # triggers and its start took (with 12 s, the first run had finished before the kill on a busy machine).
+    # The second trigger runs beside the watch for the first write: a CLI call took 40 s under make test's
+    # load, and the first run had written most of its steps before the watch began, then the kill.
     conf = json.dumps({"lock_key": unique_key, "steps": 30, "step_seconds": 1.5, "resource": resource})
-    for run_id in ("chaos_a", "chaos_b"):
-        stack.cli("dags", "trigger", DAG_ID, "--run-id", run_id, "--conf", conf)
+    stack.cli("dags", "trigger", DAG_ID, "--run-id", "chaos_a", "--conf", conf)
+    failed: list[BaseException] = []
+
+    def trigger_second() -> None:
+        try:
+            stack.cli("dags", "trigger", DAG_ID, "--run-id", "chaos_b", "--conf", conf)
+        except BaseException as exc:  # reported by the main thread after the kill
+            failed.append(exc)
+
+    second = threading.Thread(target=trigger_second)
+    second.start()
 
     # Once a run holds the lock and has written, kill the lock server past the lease's TTL.
     requests: list[dict[str, Any]] = []
@@ -103,6 +115,8 @@ def test_operator_never_succeeds_after_its_lock_was_lost_under_faults_and_a_serv
     time.sleep(DOWNTIME)
     srv.start()  # same port, database and secret
     restarted_at = time.monotonic()
+    second.join(120)
+    assert not second.is_alive() and not failed, failed or "the second run's trigger did not return"
 
     deadline = time.monotonic() + 300
     while True:
