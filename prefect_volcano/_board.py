@@ -35,7 +35,13 @@ from typing import Any
 
 from prefect.client.orchestration import SyncPrefectClient, get_client
 from prefect.client.schemas.actions import ArtifactCreate
-from prefect.client.schemas.filters import ArtifactCollectionFilter, ArtifactCollectionFilterKey
+from prefect.client.schemas.filters import (
+    ArtifactCollectionFilter,
+    ArtifactCollectionFilterKey,
+    ArtifactFilter,
+    ArtifactFilterKey,
+)
+from prefect.client.schemas.sorting import ArtifactSort
 from prefect.context import FlowRunContext, TaskRunContext
 from prefect.utilities.urls import url_for
 
@@ -47,6 +53,9 @@ ARTIFACT_KEY_PREFIX = "volcano-lock-"
 """Every lock's artifact key starts with this; the Artifacts page's search finds them all by it."""
 
 _SLUG_LENGTH = 60
+RELEASED_NOTE = "released by its holder"
+"""The note of the record a holder writes when its release went through."""
+_HISTORY_READ = 20  # the lock's latest records read to find a release another run's copy buried
 logger = logging.getLogger("prefect_volcano.board")
 
 
@@ -123,6 +132,9 @@ class LockBoard:
         sleeper: Sleeps before a lapse is re-checked.
         recheck_after: Seconds to wait before re-reading a record that looks like a lapse: a
             release recorded by another process may land just after our acquisition.
+        recheck_for: For a lease that ended before its expiry (released, or force-released), the
+            re-reads go on, each wait twice the last, for up to this many seconds in all: a holder
+            records its release beside its run, a second or two after it (seen on a busy machine).
     """
 
     def __init__(
@@ -135,6 +147,7 @@ class LockBoard:
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         sleeper: Callable[[float], object] = time.sleep,
         recheck_after: float = 1.0,
+        recheck_for: float = 7.0,
     ) -> None:
         self.key = key
         self.project = project
@@ -145,6 +158,7 @@ class LockBoard:
         self._clock = clock
         self._sleep = sleeper
         self._recheck_after = recheck_after
+        self._recheck_for = recheck_for
         self._deployment_name: str | None = None
 
     # ------------------------------------------------------------------------------------ reading
@@ -164,6 +178,26 @@ class LockBoard:
             return None
         return dict(found[0].metadata_ or {}) if found else None
 
+    def released_earlier(self, fencing_token: int) -> bool:
+        """Whether the lock's recent records include its holder's release of ``fencing_token``.
+
+        A run that records beside a holder (waiting, a skip, a look) copies the holder's record; when the
+        holder's release lands between that run's read and its write, the copy buries it, and the latest
+        record says "held" again for a lease that was released. The release is still in the history.
+        """
+        try:
+            with self._client() as client:
+                versions = client.read_artifacts(
+                    artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[self.artifact_key])),
+                    sort=ArtifactSort.CREATED_DESC,
+                    limit=_HISTORY_READ,
+                )
+        except Exception as exc:  # the view is best effort: never fail the run over it
+            logger.warning("Could not read the history of lock %r: %s", self.key, type(exc).__name__)
+            return False
+        released = {"state": "free", "fencing_token": str(fencing_token), "note": RELEASED_NOTE}
+        return any(released.items() <= (v.metadata_ or {}).items() for v in versions)
+
     def holder_of(self, fencing_token: int | None) -> dict[str, str] | None:
         """The record of the run holding the lease with `fencing_token`, if this Prefect server has one."""
         if not fencing_token:
@@ -178,8 +212,9 @@ class LockBoard:
 
         A record still `held` under an older fencing token means the previous lease ended without
         a recorded release: it expired (its holder crashed or hung) or was force-released. It is
-        re-read once after `recheck_after` seconds, since another process's release may be recorded
-        just after our acquisition. The returned record gains `how`: `expired` when `lease` was
+        re-read after `recheck_after` seconds, since another process's release may be recorded
+        just after our acquisition (and again, up to `recheck_for` seconds, while the lease looks
+        ended before its expiry). The returned record gains `how`: `expired` when `lease` was
         acquired after the expiry recorded at the old acquisition, else `ended before its expiry`.
         """
         record = self.read()
@@ -187,13 +222,18 @@ class LockBoard:
             return None
         if record is not None and record.get("state") == "lapsing":
             return {**record, "how": "expired"}  # its holder said it would: nothing to re-check
-        self._sleep(self._recheck_after)
-        record = self.read()
-        if record is None or not _stale_hold(record, lease):
-            return None
-        expires = _parse(record.get("expires_at"))
-        expired = expires is None or lease.acquired_at >= expires
-        return {**record, "how": "expired" if expired else "ended before its expiry"}
+        wait, waited = self._recheck_after, 0.0
+        while True:
+            self._sleep(wait)
+            waited += wait
+            record = self.read()
+            if record is None or not _stale_hold(record, lease) or self.released_earlier(_token(record)):
+                return None
+            expires = _parse(record.get("expires_at"))
+            expired = expires is None or lease.acquired_at >= expires
+            wait *= 2
+            if expired or waited + wait > self._recheck_for:
+                return {**record, "how": "expired" if expired else "ended before its expiry"}
 
     # ------------------------------------------------------------------------------------ writing
 
@@ -206,7 +246,7 @@ class LockBoard:
         latest = self.read()
         if latest is not None and _token(latest) > lease.fencing_token:
             return
-        self._write("free", lease, note="released by its holder")
+        self._write("free", lease, note=RELEASED_NOTE)
 
     def lost(self, lease: LeaseFacts | None, reason: str) -> None:
         """Record that this run lost the lease (the lock may be free, or held by a newer lease)."""

@@ -152,6 +152,16 @@ class ReleaseListener:
             how,
         )
 
+    def _look_once_subscribed(self) -> None:
+        """One look now that releases reach us: a release between this run's refusal and its
+        subscription has no event here when Prefect's server had not yet stored it for the replay
+        (seen on a busy machine: the waiter then waited out a lease released a tenth of a second
+        before it listened). The look costs one request; a lock still held refuses it."""
+        woken = wake(self.key, api_url=self._api_url, credential_id=self._credential_id)
+        logger.debug(
+            "lock %r: one look on subscribing, for a release just before it (%d waiter(s))", self.key, woken
+        )
+
     async def _wake_later(self, event: Event) -> None:
         await asyncio.sleep(self.line.patience)
         self._wake(event, f"after {self.line.patience:g} s (the first in line did not take it)")
@@ -197,6 +207,7 @@ class ReleaseListener:
         try:
             async with get_events_subscriber(filter=event_filter, reconnection_attempts=3) as subscriber:
                 logger.debug("listening for releases of lock %r", self.key)
+                self._look_once_subscribed()
                 async for event in subscriber:
                     self._on(event)
         except asyncio.CancelledError:

@@ -301,6 +301,31 @@ def test_a_skipped_flow_run_is_listed_by_the_deployment_runs_tab_filter(unique_k
 # ------------------------------------------------------------------ the record's rules, on the real API
 
 
+def test_a_release_buried_by_a_waiters_copy_of_the_held_record_is_no_lapse(unique_key: str) -> None:
+    """A waiting run copies the holder's record to add its ETA; the holder's release lands between the
+    copy's read and its write, so the latest record says "held" again. The next holder finds the
+    release in the lock's history: no lapse is reported."""
+    t0 = datetime.now(UTC)
+    old_lease = LeaseFacts(unique_key, 3, t0, t0 + timedelta(seconds=30), 30)
+    new_lease = LeaseFacts(unique_key, 4, t0 + timedelta(seconds=2), t0 + timedelta(seconds=32), 30)
+    old = LockBoard(unique_key, PROJECT, RunFacts(flow_run_id=str(uuid.uuid4()), flow_run_name="old-holder"))
+    old.held(old_lease)
+    waiter = LockBoard(unique_key, PROJECT, RunFacts(flow_run_name="waiter"))
+    read_by_the_waiter = waiter.read()
+    assert read_by_the_waiter is not None and read_by_the_waiter["state"] == "held"
+    old.released(old_lease)  # lands here, between the waiter's read and its write
+    buried = {**read_by_the_waiter, "waiting": "waiter: expected to start in about 1 s"}
+    waiter._create(buried, "the waiter's copy")  # what `waiting` writes after its read
+    latest = waiter.read()
+    assert latest is not None and latest["state"] == "held" and latest["fencing_token"] == "3"
+
+    sleeps: list[float] = []
+    board = LockBoard(unique_key, PROJECT, RunFacts(flow_run_name="new-holder"), sleeper=sleeps.append)
+    assert board.released_earlier(3) and not board.released_earlier(4)
+    assert board.previous_holder(new_lease) is None
+    assert sleeps == [1.0]  # one re-read, then the history
+
+
 def test_a_release_recorded_during_the_recheck_is_no_lapse_and_a_late_release_is_dropped(
     unique_key: str,
 ) -> None:
@@ -310,18 +335,21 @@ def test_a_release_recorded_during_the_recheck_is_no_lapse_and_a_late_release_is
     late = LeaseFacts(unique_key, 4, t0 + timedelta(seconds=40), t0 + timedelta(seconds=70), 30)
     old = LockBoard(unique_key, PROJECT, RunFacts(flow_run_id=str(uuid.uuid4()), flow_run_name="old-holder"))
 
-    old.held(old_lease)
-    releasing = LockBoard(unique_key, PROJECT, RunFacts(), sleeper=lambda _s: old.released(old_lease))
+    first = f"{unique_key}-a"  # a lock of its own: a released lease is never held again
+    first_old = LockBoard(first, PROJECT, RunFacts(flow_run_id=str(uuid.uuid4()), flow_run_name="old-holder"))
+    first_old.held(old_lease)
+    releasing = LockBoard(first, PROJECT, RunFacts(), sleeper=lambda _s: first_old.released(old_lease))
     assert releasing.previous_holder(early) is None  # its release landed while we re-checked
 
     old.held(old_lease)
     sleeps: list[float] = []
     board = LockBoard(unique_key, PROJECT, RunFacts(flow_run_name="new-holder"), sleeper=sleeps.append)
     before = board.previous_holder(early)
-    assert before is not None and sleeps == [1.0]
+    assert before is not None and sleeps == [1.0, 2.0, 4.0]  # re-read while a release may still land
     assert before["how"] == "ended before its expiry" and before["flow_run_name"] == "old-holder"
     after = board.previous_holder(late)
     assert after is not None and after["how"] == "expired" and after["fencing_token"] == "3"
+    assert sleeps == [1.0, 2.0, 4.0, 1.0]  # past its expiry: one re-read
 
     board.held(late)
     old.released(old_lease)  # recorded after the new acquisition: dropped

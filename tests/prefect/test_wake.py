@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,36 +21,74 @@ HOLDER = Path(__file__).with_name("wake_holder.py")
 CRASH_HOLDER = Path(__file__).with_name("crash_holder.py")
 
 
-def _wait_behind_a_holder_in_another_process(key: str, env: dict[str, str]) -> tuple[int, int]:
-    """Start a holder process (holds 6 s), wait for the lock here; return (holder's token, ours)."""
+def _refused(server: Any, key: str) -> Callable[[], bool]:
+    """Whether the server has refused an acquisition of ``key`` (the waiter found it held)."""
+    return lambda: any(
+        r.get("op") == "acquire" and r.get("status") == 409 for r in _lock_requests(server, key)
+    )
+
+
+def _listening(caplog: pytest.LogCaptureFixture) -> Callable[[], bool]:
+    """Whether the waiter has subscribed to the lock's events (its debug line says so)."""
+    return lambda: any("listening for releases" in r.getMessage() for r in caplog.records)
+
+
+def _wait_behind_a_holder_in_another_process(
+    key: str, env: dict[str, str], release_when: Callable[[], bool]
+) -> tuple[int, int]:
+    """Start a holder process, wait for the lock here; return (holder's token, ours).
+
+    The holder releases once ``release_when()`` holds for this process's waiter: a flow's start can take
+    longer than any fixed hold on a busy machine, and a waiter that starts after the release has nothing
+    to be woken from."""
     with subprocess.Popen(
-        [sys.executable, str(HOLDER), key, "6"], env=env, stdout=subprocess.PIPE, text=True
+        [sys.executable, str(HOLDER), key, "120"],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     ) as holder:
         try:
-            return _wait_behind(holder, key)
+            return _wait_behind(holder, key, release_when)
         finally:
             if holder.poll() is None:
                 holder.kill()
                 holder.wait()
 
 
-def _wait_behind(holder: subprocess.Popen[str], key: str) -> tuple[int, int]:
-    assert holder.stdout is not None
+def _wait_behind(
+    holder: subprocess.Popen[str], key: str, release_when: Callable[[], bool]
+) -> tuple[int, int]:
+    assert holder.stdout is not None and holder.stdin is not None
     line = holder.stdout.readline()
     assert line.startswith("HOLDING"), line
     held = int(line.split()[1])
 
-    ours = token_flow(key, ttl=15, wait_timeout=60)()
+    won: list[int] = []
+    waiter = threading.Thread(target=lambda: won.append(token_flow(key, ttl=15, wait_timeout=120)()))
+    waiter.start()
+    ends = time.monotonic() + 90
+    while not release_when():
+        assert time.monotonic() < ends and waiter.is_alive(), "the waiter never got to waiting"
+        time.sleep(0.05)
+    holder.stdin.write("release\n")
+    holder.stdin.flush()
+    waiter.join(timeout=180)
     assert holder.stdout.readline().strip() == "RELEASED"
     assert holder.wait(timeout=60) == 0
-    return held, ours
+    assert won, "the waiter did not get the lock"
+    return held, won[0]
 
 
 def test_a_release_in_another_process_wakes_the_waiter(
-    unique_key: str, prefect_subprocess_env: dict[str, str], caplog: pytest.LogCaptureFixture
+    unique_key: str,
+    prefect_subprocess_env: dict[str, str],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     with caplog.at_level(logging.DEBUG, logger="prefect_volcano.wake"):
-        held, ours = _wait_behind_a_holder_in_another_process(unique_key, prefect_subprocess_env)
+        held, ours = _wait_behind_a_holder_in_another_process(
+            unique_key, prefect_subprocess_env, _listening(caplog)
+        )
     assert ours > held
     woke = [
         r.getMessage()
@@ -62,15 +101,41 @@ def test_a_release_in_another_process_wakes_the_waiter(
     ]
 
 
+def test_a_release_before_the_waiter_listens_is_seen_by_its_look_on_subscribing(
+    unique_key: str,
+    prefect_subprocess_env: dict[str, str],
+    caplog: pytest.LogCaptureFixture,
+    volcano_server: Any,
+) -> None:
+    """Released as soon as the waiter is refused, before it subscribes or while it does: Prefect's
+    server may not have stored the release for the subscription's replay yet. The waiter's look on
+    subscribing takes the lock; it does not wait out the released lease (TTL 15 s)."""
+    with caplog.at_level(logging.DEBUG, logger="prefect_volcano.wake"):
+        held, ours = _wait_behind_a_holder_in_another_process(
+            unique_key, prefect_subprocess_env, _refused(volcano_server, unique_key)
+        )
+    assert ours > held
+    calls = _lock_requests(volcano_server, unique_key)
+    first = next(r for r in calls if r.get("op") == "acquire" and r.get("status") == 201)
+    won = next(r for r in calls if r.get("op") == "acquire" and r.get("status") == 201 and r is not first)
+    assert won["mono"] - first["mono"] < 15, _summary(calls, first["mono"])  # before the lease's end
+    assert any("one look on subscribing" in r.getMessage() for r in caplog.records)
+    # The release was recorded before the waiter took the lock: no false alarm of a lapse.
+    assert not [r for r in caplog.records if "without a release" in r.getMessage()]
+
+
 def test_without_events_the_waiter_still_gets_the_lock_by_polling(
     unique_key: str,
     prefect_subprocess_env: dict[str, str],
     caplog: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
+    volcano_server: Any,
 ) -> None:
     monkeypatch.setenv("VOLCANO_PREFECT_WAKE", "off")
     with caplog.at_level(logging.DEBUG, logger="prefect_volcano.wake"):
-        held, ours = _wait_behind_a_holder_in_another_process(unique_key, prefect_subprocess_env)
+        held, ours = _wait_behind_a_holder_in_another_process(
+            unique_key, prefect_subprocess_env, _refused(volcano_server, unique_key)
+        )
     assert ours > held
     records: list[Any] = [r for r in caplog.records if r.name == "prefect_volcano.wake"]
     assert records == []  # no subscription was made

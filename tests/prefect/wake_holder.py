@@ -1,14 +1,15 @@
 """A run in another process that holds a lock for a while, then releases it (run by test_wake.py).
 
 Usage: python wake_holder.py KEY HOLD_SECONDS
-Prints "HOLDING <fencing token>" once inside, and "RELEASED" after the lock is released.
+Prints "HOLDING <fencing token>" once inside, holds until a line arrives on stdin (the test's waiter is
+waiting) or for HOLD_SECONDS at most, and prints "RELEASED" after the lock is released.
 """
 
 from __future__ import annotations
 
 import os
+import select
 import sys
-import time
 
 from prefect import flow, task
 
@@ -21,7 +22,7 @@ KEY, HOLD = sys.argv[1], float(sys.argv[2])
 @task
 def hold() -> None:
     print(f"HOLDING {current_lease().fencing_token}", flush=True)
-    time.sleep(HOLD)
+    select.select([sys.stdin], [], [], HOLD)
 
 
 @flow
