@@ -35,6 +35,7 @@ __all__ = [
     "TENURES_KEPT",
     "Confidence",
     "Eta",
+    "duration",
     "estimate",
     "expected_start",
     "reported",
@@ -74,8 +75,8 @@ class Eta:
     def describe(self) -> str:
         """One phrase for a log line or a view: ``expected to start in about 40 s (25-70 s, medium ...)``."""
         return (
-            f"expected to start in about {_secs(self.expected)} ({_secs(self.earliest)}-"
-            f"{_secs(self.latest)}, {self.confidence} confidence, {self.position} in line here, "
+            f"expected to start in about {duration(self.expected)} ({duration(self.earliest)}-"
+            f"{duration(self.latest)}, {self.confidence} confidence, {self.position} in line here, "
             f"from {self.tenures} tenure{'s' if self.tenures != 1 else ''} seen)"
         )
 
@@ -91,7 +92,8 @@ class Eta:
         }
 
 
-def _secs(seconds: float) -> str:
+def duration(seconds: float) -> str:
+    """Seconds as a waiting line says them: ``40 s``, ``12 min``, ``1.5 h``."""
     if seconds < 90:
         return f"{seconds:.0f} s"
     if seconds < 5400:

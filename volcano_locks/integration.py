@@ -20,6 +20,8 @@ if _typing.TYPE_CHECKING:
     from volcano_locks._steps import outcome as outcome
     from volcano_locks.clock import lease_clock as lease_clock
     from volcano_locks.eta import Eta as Eta
+    from volcano_locks.eta import duration as duration
+    from volcano_locks.eta import estimate as estimate
     from volcano_locks.eta import expected_start as expected_start
     from volcano_locks.eta import reported as reported
     from volcano_locks.eta import reported_holder_age as reported_holder_age
@@ -56,6 +58,8 @@ _FROM = {
     "async_keep": "volcano_locks.keeping",
     "async_outcome": "volcano_locks._steps",
     "async_release_or_lapse": "volcano_locks.releasing",
+    "duration": "volcano_locks.eta",
+    "estimate": "volcano_locks.eta",
     "inform": "volcano_locks.waiting",
     "keep": "volcano_locks.keeping",
     "lease_clock": "volcano_locks.clock",

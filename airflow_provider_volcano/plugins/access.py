@@ -82,14 +82,17 @@ class Access:
         return self.read_all or any(self.may_read(d) for d in dags)
 
     def redact(self, row: LockRow) -> LockRow:
-        """The row as this user may see it: other DAGs' holder, waiters and names left out, counted."""
+        """The row as this user may see it: other DAGs' holder, waiters and names left out, counted, and
+        the history's holders of other DAGs unnamed."""
         if self.read_all:
             return row
         holder = row.holder
         hidden_holder = holder is not None and not self.may_read(holder.dag_id)
         waiters = [w for w in row.waiters if self.may_read(w.dag_id)]
+        tenures = [replace(t, hidden=not self.may_read(t.record.dag_id)) for t in row.tenures]
         return replace(
             row,
+            tenures=tenures,
             holder=None if hidden_holder else holder,
             holder_hidden=hidden_holder,
             waiters=waiters,

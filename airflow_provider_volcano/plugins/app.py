@@ -39,9 +39,11 @@ from airflow_provider_volcano.hooks.volcano import VolcanoHook
 from airflow_provider_volcano.plugins.access import Access
 from airflow_provider_volcano.plugins.actions import UserActions
 from airflow_provider_volcano.plugins.board import Board, GovernedReader, LockRow, collect, resolve_holder
+from airflow_provider_volcano.plugins.history import handovers
 from airflow_provider_volcano.records.forced import ForcedRecord, forced_variable
 from airflow_provider_volcano.records.opened import sealed
 from volcano_locks import InvalidRequest, VolcanoError, validate_key
+from volcano_locks.integration import Eta, expected_start
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -156,6 +158,9 @@ table{border-collapse:collapse;width:100%}th,td{border:1px solid #cbd5e0;padding
 vertical-align:top}th{background:#edf2f7}.held{color:#c05621;font-weight:600}.free{color:#2f855a}
 ol{margin:0;padding-left:20px}.note{color:#4a5568;font-size:90%}button{padding:4px 10px}
 .refused{color:#9b2c2c;font-weight:600}.done{color:#2f855a;font-weight:600}
+.eta{color:#2c5282;font-size:90%}details.history{margin-top:6px;font-size:90%}
+details.history table{margin-top:4px}.ending-lost,.ending-expired,.ending-force-released{color:#9b2c2c}
+.ending-lapsed{color:#c05621}.ending-holding{color:#c05621;font-weight:600}
 """
 
 
@@ -208,14 +213,50 @@ def _waiters_cell(row: LockRow, now: datetime) -> str:
     items = "".join(
         f'<li class="waiter"><a target="_top" '
         f'href="{_e(_ti_href(w.dag_id, w.run_id, w.task_id, w.map_index))}">'
-        f"{_e(w.names())}</a> ({_e(w.where)}, waiting {_ago(w.waited(now).total_seconds())})</li>"
+        f"{_e(w.names())}</a> ({_e(w.where)}, waiting {_ago(w.waited(now).total_seconds())})"
+        f'<br><span class="eta">{_e(_eta_phrase(w.eta))}</span></li>'
         for w in row.waiters
     )
     return f"<ol>{items}</ol>{hidden}"
 
 
-def _lock_table(board: Board, rows: list[LockRow], access: Access | None = None) -> str:
-    """The rows as a table; with ``access``, a Force release button where that user may use it."""
+def _eta_phrase(eta: Eta | None) -> str:
+    """A waiter's expected start on the board: the waiting lines' phrase, its place counted board-wide."""
+    if eta is None:
+        return "no start estimate yet (no tenure of this lock has ended on record)"
+    return expected_start(eta).replace(" in line here,", " in line,")
+
+
+def _history(row: LockRow, *, open_: bool = False) -> str:
+    """The lock's latest tenures, newest first, under a fold (open on a task instance's Lock tab)."""
+    if not row.tenures:
+        return ""
+    lines = "".join(
+        f'<tr class="tenure"><td>{_e(t.names())}</td><td>{_e(t.record.fencing_token)}</td>'
+        f"<td>{_e(_clock(t.record.acquired_at))}</td><td>{_e(_clock(t.record.ended_at) or '-')}</td>"
+        f'<td class="ending-{_e(t.ending)}">{_e(t.ending)}</td></tr>'
+        for t in row.tenures
+    )
+    return (
+        f'<details class="history"{" open" if open_ else ""}><summary>History: {_e(handovers(row.tenures))}'
+        "</summary><table><tr><th>Holder</th><th>Fencing token</th><th>Start</th><th>End</th>"
+        f"<th>How it ended</th></tr>{lines}</table></details>"
+    )
+
+
+def _clock(iso: str) -> str:
+    """A record's time as the board shows it (UTC, to the second)."""
+    try:
+        return datetime.fromisoformat(iso).astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+    except ValueError:
+        return iso
+
+
+def _lock_table(
+    board: Board, rows: list[LockRow], access: Access | None = None, *, history_open: bool = False
+) -> str:
+    """The rows as a table (each lock's history under it); with ``access``, a Force release button where
+    that user may use it."""
     now = board.now
     head = "<tr><th>Lock</th><th>State</th><th>Holder</th><th>Waiters (in order)</th><th></th></tr>"
     body = []
@@ -229,7 +270,8 @@ def _lock_table(board: Board, rows: list[LockRow], access: Access | None = None)
                 f"<button>Force release…</button></form>"
             )
         body.append(
-            f'<tr data-lock="{_e(row.key)}"><td><code>{_e(row.key)}</code></td>'
+            f'<tr data-lock="{_e(row.key)}"><td><code>{_e(row.key)}</code>'
+            f"{_history(row, open_=history_open)}</td>"
             f"<td>{_state_cell(row, now)}</td>"
             f"<td>{_holder_cell(row, now)}</td><td>{_waiters_cell(row, now)}</td><td>{action}</td></tr>"
         )
@@ -279,7 +321,11 @@ def board_json(
                 if row.holder is None
                 else {**row.holder.__dict__, "last_renewal": str(row.holder.last_renewal)},
                 "holder_hidden": row.holder_hidden,
-                "waiters": [{**w.__dict__, "since": w.since.isoformat()} for w in row.waiters],
+                "waiters": [
+                    {**w.__dict__, "since": w.since.isoformat(), "eta": w.eta.as_dict() if w.eta else None}
+                    for w in row.waiters
+                ],
+                "history": [t.as_dict() for t in row.tenures],
                 "hidden_waiters": row.hidden_waiters,
                 "named_by": sorted(row.named_by),
             }
@@ -323,7 +369,7 @@ def task_instance_tab(
         else f'<p class="place">This task instance is <b>number {place}</b> in line '
         f"of {len(row.waiters)}.</p>"
     )
-    return _page(title, where + _lock_table(board, [row]), refresh=True)
+    return _page(title, where + _lock_table(board, [row], history_open=True), refresh=True)
 
 
 @app.get("/confirm", response_class=HTMLResponse)

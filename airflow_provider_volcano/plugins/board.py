@@ -31,10 +31,12 @@ from airflow.models.trigger import Trigger
 from airflow.models.xcom import XComModel
 from airflow.utils.state import TaskInstanceState
 
+from airflow_provider_volcano.plugins.history import Tenure, expected_starts, read_tenures, tenures_seen
 from airflow_provider_volcano.records.handoff import HANDOFF_PREFIX, HandoffRecord
 from airflow_provider_volcano.records.holder import HOLDER_PREFIX, HolderRecord
 from airflow_provider_volcano.records.in_slot import WAITING_XCOM_KEY
 from airflow_provider_volcano.records.opened import open_record
+from airflow_provider_volcano.records.tenure import TENURE_PREFIX
 from volcano_locks import VolcanoError
 from volcano_locks.integration import lease_clock
 
@@ -43,6 +45,7 @@ if TYPE_CHECKING:
 
     from airflow_provider_volcano.records.seal import Keyring
     from volcano_locks import LockState, VolcanoLocks
+    from volcano_locks.integration import Eta
 
 __all__ = [
     "TRIGGER_CLASSPATH",
@@ -197,6 +200,8 @@ class Waiter:
     try_number: int
     since: datetime
     where: str
+    eta: Eta | None = None
+    """When it may expect its turn (``None``: no estimate yet), from its place in the whole line."""
 
     @classmethod
     def of(cls, ti: Any, since: datetime, where: str) -> Waiter:
@@ -282,6 +287,8 @@ class LockRow:
     """The holder is a task of a DAG the viewing user may not read."""
     hidden_waiters: int = 0
     """Waiters of DAGs the viewing user may not read (left out of ``waiters``)."""
+    tenures: list[Tenure] = field(default_factory=list)
+    """Its latest tenures, newest first (sealed tenure records)."""
 
     def dags(self) -> set[str]:
         """The DAGs this lock belongs to: those naming its key or waiting for it, its (sealed) holders'."""
@@ -420,6 +427,7 @@ def collect(
     :param look: read the rows' states (``False``: the metadata database only, nothing sent).
     """
     rows: dict[str, LockRow] = {key: LockRow(key) for key in lock_keys}
+    now = now or datetime.now(UTC)
 
     def row(key: str) -> LockRow:
         return rows.setdefault(key, LockRow(key))
@@ -436,12 +444,16 @@ def collect(
     if only is not None:
         rows = {key: lock for key, lock in rows.items() if only(lock)}
 
+    tenures = read_tenures(ring, _variables(session, TENURE_PREFIX)) if rows else {}
     for lock in rows.values():
         lock.waiters.sort(key=lambda w: (w.since, w.dag_id, w.run_id, w.task_id, w.map_index))
         if reader is not None and look:
             lock.look = reader.look(lock.key)
         resolve_holder(lock)
-    return Board(rows=dict(sorted(rows.items())), now=now or datetime.now(UTC))
+        lock.tenures = tenures_seen(tenures.get(lock.key, []), lock.look.state)
+        starts = expected_starts(lock.tenures, lock.look.state, now, len(lock.waiters))
+        lock.waiters = [replace(w, eta=starts[place]) for place, w in enumerate(lock.waiters, start=1)]
+    return Board(rows=dict(sorted(rows.items())), now=now)
 
 
 def resolve_holder(lock: LockRow) -> None:

@@ -13,6 +13,7 @@ record                    where                                           writte
 handoff (``handoff``)     Variable ``volcano_lock_handoff:<key>``         trigger / waiters, board
 holder (``holder``)       Variable ``volcano_lock_holder:<key>``          holder task / board, lines
 forced (``forced``)       Variable ``volcano_lock_forced:<key>``          board / the losing holder
+tenure (``tenure``)       Variable ``volcano_lock_tenure:<key>:<slot>``   holder task / board (display)
 group lease (``group``)   XCom ``volcano_lock_group`` of the acquire task acquire task / members
 in-slot waiter            XCom ``volcano_waiting`` (display only)         waiting task / board
 ========================  ==============================================  ===========================

@@ -9,7 +9,6 @@ A waiter decides on it (:mod:`airflow_provider_volcano._handoff`) only once it i
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -17,9 +16,9 @@ from datetime import datetime
 from typing import Any, ClassVar
 
 from airflow_provider_volcano._tokens import TaskIdentity
-from airflow_provider_volcano.records.opened import Opened, as_int, as_kind, sealed
+from airflow_provider_volcano.records.opened import Opened, as_int, as_kind
 from airflow_provider_volcano.records.seal import Keyring
-from airflow_provider_volcano.records.store import delete_variable, open_variable, set_variable
+from airflow_provider_volcano.records.store import delete_variable, open_variable, set_sealed
 
 __all__ = [
     "HANDOFF_PREFIX",
@@ -99,9 +98,10 @@ def read_handoff(keys: Keyring, lock_key: str, logger: logging.Logger | Any = lo
 
 def write_handoff(keys: Keyring, record: HandoffRecord, logger: logging.Logger | Any = log) -> bool:
     """Write the sealed handoff record (best effort: without it a stranded handoff lasts its allowance)."""
-    written = set_variable(
+    written = set_sealed(
+        keys,
         handoff_variable(record.lock_key),
-        json.dumps(sealed(keys, record), sort_keys=True),
+        record,
         "volcano-locks: a lease acquired for a task that has not resumed yet (sealed)",
         logger,
     )

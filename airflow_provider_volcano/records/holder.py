@@ -10,7 +10,6 @@ lock is the record's (tokens only grow, so a stale record cannot match).
 
 from __future__ import annotations
 
-import json
 import logging
 import socket
 from collections.abc import Mapping
@@ -18,11 +17,11 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
-from airflow_provider_volcano.records.opened import as_int, as_kind, as_str, sealed
+from airflow_provider_volcano.records.opened import as_int, as_kind, as_str
 from airflow_provider_volcano.records.seal import Keyring
-from airflow_provider_volcano.records.store import open_variable, set_variable
+from airflow_provider_volcano.records.store import open_variable, set_sealed
 
-__all__ = ["HOLDER_PREFIX", "HolderRecord", "holder_variable", "read_holder", "write_holder"]
+__all__ = ["HOLDER_PREFIX", "HolderRecord", "holder_variable", "read_holder", "task_try", "write_holder"]
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +98,20 @@ class HolderRecord:
         )
 
 
+def task_try(context: Mapping[str, Any]) -> dict[str, Any]:
+    """The running task try as the records name it: dag, run, task, map index, try and hostname."""
+    ti = context["ti"]
+    map_index = getattr(ti, "map_index", None)
+    return {
+        "dag_id": ti.dag_id,
+        "run_id": ti.run_id,
+        "task_id": ti.task_id,
+        "map_index": -1 if map_index is None else int(map_index),
+        "try_number": int(ti.try_number),
+        "hostname": str(getattr(ti, "hostname", None) or socket.getfqdn()),
+    }
+
+
 def write_holder(
     keys: Keyring,
     context: Mapping[str, Any],
@@ -109,24 +122,18 @@ def write_holder(
     logger: logging.Logger | Any = log,
 ) -> None:
     """Record the running task try as the holder of ``lock_key`` (best effort: the lock works without)."""
-    ti = context["ti"]
-    map_index = getattr(ti, "map_index", None)
     record = HolderRecord(
         lock_key=lock_key,
         fencing_token=fencing_token,
         ttl=ttl,
         acquired_at=datetime.now(UTC).isoformat(timespec="seconds"),
-        hostname=str(getattr(ti, "hostname", None) or socket.getfqdn()),
-        dag_id=ti.dag_id,
-        run_id=ti.run_id,
-        task_id=ti.task_id,
-        map_index=-1 if map_index is None else int(map_index),
-        try_number=int(ti.try_number),
         kind=kind,
+        **task_try(context),
     )
-    if not set_variable(
+    if not set_sealed(
+        keys,
         holder_variable(lock_key),
-        json.dumps(sealed(keys, record), sort_keys=True),
+        record,
         "volcano-locks: the task try that last acquired this lock (public facts, sealed)",
         logger,
     ):

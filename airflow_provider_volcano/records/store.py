@@ -6,15 +6,16 @@ the callers say what its absence costs.
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
 from airflow.sdk import Variable
 
-from airflow_provider_volcano.records.opened import Opened, R, open_record
+from airflow_provider_volcano.records.opened import Opened, R, SealedRecord, open_record, sealed
 from airflow_provider_volcano.records.seal import Keyring
 
-__all__ = ["delete_variable", "get_variable", "open_variable", "set_variable"]
+__all__ = ["delete_variable", "get_variable", "open_variable", "set_sealed", "set_variable"]
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,13 @@ def set_variable(name: str, text: str, description: str, logger: logging.Logger 
         logger.warning("Could not write Variable %r: %s", name, exc)
         return False
     return True
+
+
+def set_sealed(
+    keys: Keyring, name: str, record: SealedRecord, description: str, logger: logging.Logger | Any = log
+) -> bool:
+    """Write ``record``, sealed under the current key, as the Variable ``name`` (see :func:`set_variable`)."""
+    return set_variable(name, json.dumps(sealed(keys, record), sort_keys=True), description, logger)
 
 
 def delete_variable(name: str, logger: logging.Logger | Any = log) -> bool:

@@ -54,7 +54,7 @@ def stack(airflow_db: Path, session_conn: VolcanoConn, board_key: str, tmp_path_
         session_conn,
         tmp_path_factory.mktemp("board"),
         [STACK_DAGS / "volcano_board_dags.py"],
-        ["board_holder", "board_waiter_deferred", "board_waiter_slot"],
+        ["board_holder", "board_waiter_deferred", "board_waiter_slot", "board_short"],
         users={user: (user, password) for user, password in USERS.items()},  # each user's role is its name
         extra_env=extra,
     ) as s:
@@ -109,9 +109,25 @@ def test_the_board_routes_need_an_airflow_login(stack: Stack) -> None:
         assert refused.value.headers["Content-Security-Policy"] == "frame-ancestors 'self'", path
 
 
+# A hang catcher for the test and the module's stack teardown after it (pytest-timeout counts both):
+# five runs and a browser on a busy two-core machine took 258 s of the default 300.
+@pytest.mark.timeout(900)
 def test_board_shows_holder_and_waiters_and_force_release_is_guarded(
     stack: Stack, volcano_server: Any, board_key: str
 ) -> None:
+    # Three short holds first: the lock's history, and what its waiters' expected starts rest on.
+    shorts = [f"board__short_{n}" for n in range(3)]
+    for run_id in shorts:
+        stack.cli("dags", "trigger", "board_short", "--run-id", run_id)
+    until(
+        "the short holds",
+        lambda: (
+            [s for (s,) in stack.query("SELECT state FROM dag_run WHERE dag_id = 'board_short'")]
+            == ["success"] * 3
+        ),
+        240,
+        stack=stack,
+    )
     holder_run = "board__holder"
     stack.cli("dags", "trigger", "board_holder", "--run-id", holder_run)
     until(
@@ -147,6 +163,17 @@ def test_board_shows_holder_and_waiters_and_force_release_is_guarded(
             assert len(waiters) == 2, waiters
             assert waiters[0].startswith("board_waiter_deferred / board__first / wait try 1 (deferred")
             assert waiters[1].startswith("board_waiter_slot / board__second / wait try 1 (in its worker slot")
+            # Each waiter's expected start, from the three short tenures and the holder's time so far.
+            assert "expected to start in about" in waiters[0] and "1 in line, from 3 tenures" in waiters[0]
+            assert "2 in line, from 3 tenures" in waiters[1], waiters
+            # The history: the holder's tenure and the three short ones, each released.
+            history = row.locator("details.history")
+            assert "3 hand-overs among the last 4 tenures" in history.locator("summary").inner_text()
+            history.locator("summary").click()
+            tenures = history.locator("tr.tenure").all_inner_texts()
+            assert len(tenures) == 4 and f"board_holder / {holder_run} / hold try 1" in tenures[0], tenures
+            assert "holding" in tenures[0] and all("released" in t for t in tenures[1:]), tenures
+            assert all("board_short / board__short_" in t for t in tenures[1:]), tenures
             _shot(admin, "volcano-lock-board.png")
 
             # The waiter's Lock tab: the same lock, and its place in line.
@@ -205,6 +232,13 @@ def test_board_shows_holder_and_waiters_and_force_release_is_guarded(
     ]
     board = stack.rest("GET", "/volcano-locks/api/locks", token=token)
     named = {lock["lock_key"]: lock for lock in board["locks"]}[f"{board_key}-named"]
+    # The history after the force release: the holder's tenure force-released, the waiters' released.
+    endings = {
+        (t["holder"] or {}).get("dag_id"): t["ending"]
+        for t in {lock["lock_key"]: lock for lock in board["locks"]}[board_key]["history"]
+    }
+    assert endings["board_holder"] == "force-released", endings
+    assert endings["board_waiter_deferred"] == endings["board_waiter_slot"] == "released", endings
     assert named["named_by"] == ["board_named"] and named["holder"] is None and not named["waiters"]
     assert volcano_server.service_key not in json.dumps(board)
     for secret in (volcano_server.service_key,):
