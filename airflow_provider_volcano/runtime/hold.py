@@ -39,13 +39,14 @@ from airflow_provider_volcano.exceptions import VolcanoLockContended, VolcanoLoc
 from airflow_provider_volcano.records.forced import forced_line, read_forced
 from airflow_provider_volcano.records.handoff import clear_handoff
 from airflow_provider_volcano.records.holder import write_holder
+from airflow_provider_volcano.records.tenure import now_iso, write_tenure
 from airflow_provider_volcano.runtime.acquiring import acquire_answered, holder_facts, read_state, remaining
 from airflow_provider_volcano.runtime.beside import beside
 from airflow_provider_volcano.runtime.body import call_with_lease
 from airflow_provider_volcano.runtime.handoff_look import first_answer
 from airflow_provider_volcano.runtime.member import group_lease
 from airflow_provider_volcano.runtime.slot_wait import SlotWait
-from airflow_provider_volcano.runtime.supervision import supervised
+from airflow_provider_volcano.runtime.supervision import SupervisorGone, supervised
 from airflow_provider_volcano.triggers.lock import VolcanoLockTrigger
 from volcano_locks import ConflictError, InvalidRequest, OwnershipLost, VolcanoError, WaitTimeout
 from volcano_locks.integration import keep, release_or_lapse
@@ -115,6 +116,7 @@ class TaskHold:
         self._guard: LockGuard | None = None
         self._body_thread: int | None = None
         self._killed = False
+        self._ending: str | None = None  # how the hold ended, for the board's history (set by run, kill)
 
     # -- coming by the lease -------------------------------------------------------------------------
 
@@ -144,26 +146,33 @@ class TaskHold:
                         f"(fencing token {lease.fencing_token}).",
                     ),
                 )
-            # The board's holder record, and the end of the handoff record: beside the body, not before.
+            # The board's holder and tenure records, and the end of the handoff record: beside the body,
+            # not before. The tenure's end is written after that thread is joined, so it lands last.
             keys, (kind, _release) = task.hook.keyring, task._lease_kind()
-            holder = partial(
-                write_holder, keys, context, self.lock_key, lease.fencing_token, task.ttl, kind, self.log
-            )
-            bookkeeping = [holder]
+            token, acquired_at = lease.fencing_token, now_iso()
+            bookkeeping = [
+                partial(write_holder, keys, context, self.lock_key, token, task.ttl, kind, self.log)
+            ]
+            if not self.leaves_held:  # a lock group's lease has no tenure of one task
+                bookkeeping.append(partial(write_tenure, keys, context, self.lock_key, token, acquired_at))
             if handoff is not None:
                 bookkeeping.insert(
-                    0, partial(clear_handoff, keys, self.lock_key, lease.fencing_token, self.log, owner=owner)
+                    0, partial(clear_handoff, keys, self.lock_key, token, self.log, owner=owner)
                 )
-            with beside(*bookkeeping, logger=self.log):
-                if not self.leaves_held:  # a group's acquire task says what it holds for the group
-                    self.log.info(
-                        "Holding lock %r (fencing token %s, ttl %s s, owner %s)",
-                        self.lock_key,
-                        lease.fencing_token,
-                        task.ttl,
-                        nonce,  # public: the token is derived from it and the service key
-                    )
-                return self.run(client, lease, self.body)
+            try:
+                with beside(*bookkeeping, logger=self.log):
+                    if not self.leaves_held:  # a group's acquire task says what it holds for the group
+                        self.log.info(
+                            "Holding lock %r (fencing token %s, ttl %s s, owner %s)",
+                            self.lock_key,
+                            token,
+                            task.ttl,
+                            nonce,  # public: the token is derived from it and the service key
+                        )
+                    return self.run(client, lease, self.body)
+            finally:
+                if self._ending is not None and not self.leaves_held:
+                    write_tenure(keys, context, self.lock_key, token, acquired_at, self._ending, self.log)
 
     def run_member(self, acquire_task_id: str, poll: float) -> Any:
         """A group member: check the group's lease, hold it while the body runs, leave it held."""
@@ -353,13 +362,19 @@ class TaskHold:
             if not self.leaves_held:
                 self._give_back(client, self.latest(lease))
             raise self.lost(exc, lease) from None
-        except BaseException:
-            if not (self._killed or self.leaves_held) and self._give_back(client, self.latest(lease)):
+        except BaseException as exc:
+            if self._killed or self.leaves_held:
+                raise
+            released = self._give_back(client, self.latest(lease))
+            # Without a supervisor no Variable can be written: the board calls that tenure expired.
+            self._ending = None if isinstance(exc, SupervisorGone) else "released" if released else "lapsed"
+            if released:
                 self.log.info(
-                    "Released %s %r (fencing token %s) after the callable failed",
+                    "Released %s %r (fencing token %s) %s",
                     self.what,
                     self.lock_key,
                     lease.fencing_token,
+                    "as the task is skipped" if isinstance(exc, AirflowSkipException) else "after the callable failed",
                 )
             raise
         finally:
@@ -371,6 +386,7 @@ class TaskHold:
             outcome = release_or_lapse(client, latest, log=self.log)
         except OwnershipLost as exc:  # found taken on the way out: the body may have run unprotected
             raise self.lost(exc, lease) from None
+        self._ending = "released" if outcome.released else "lapsed"
         if outcome.released:
             self.log.info("Released %s %r (fencing token %s)", self.what, self.lock_key, lease.fencing_token)
         return result
@@ -394,6 +410,8 @@ class TaskHold:
             if self._killed or lease is None
             else read_forced(self.task.hook.keyring, self.lock_key, lease.fencing_token, self.log)
         )
+        if not self._killed:
+            self._ending = "force-released" if forced is not None else "lost"
         if forced is not None:
             self.log.error("Lock %r was force-released: %s", self.lock_key, forced_line(forced))
         why = (
@@ -423,6 +441,7 @@ class TaskHold:
             try:
                 with self.task.hook.get_client() as releaser:  # the task's own client is mid-call
                     releaser.release(self.lock_key, lease)
+                self._ending = "released"
                 self.log.info(
                     "Released %s %r (fencing token %s) on kill", self.what, self.lock_key, lease.fencing_token
                 )

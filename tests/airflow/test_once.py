@@ -53,7 +53,7 @@ def _op(w: Warehouse, key: str, calls: list[str], **kwargs: Any) -> VolcanoLockO
 
 
 def test_a_re_run_is_skipped_naming_the_first_run_with_its_result_in_xcom(
-    volcano_conn: Any, outside: Any, warehouse: Warehouse, unique_key: str
+    volcano_conn: Any, outside: Any, warehouse: Warehouse, unique_key: str, capfd: pytest.CaptureFixture[str]
 ) -> None:
     calls: list[str] = []
     first = _op(warehouse, unique_key, calls).execute(_context("scheduled__2026-12-01"))
@@ -68,6 +68,9 @@ def test_a_re_run_is_skipped_naming_the_first_run_with_its_result_in_xcom(
     assert again["ti"].xcoms["return_value"] == {"day": "2026-12-01", "rows": 1}
     assert calls == ["2026-12-01"] and warehouse.effects() == 1
     assert outside.get(unique_key).held is False  # the skip released the lock
+    out, err = capfd.readouterr()
+    released = [line for line in (out + err).splitlines() if "Released lock" in line]
+    assert "as the task is skipped" in released[-1], released  # not "after the callable failed"
     record = warehouse.ledger.lookup("rollup:2026-12-01")
     assert record is not None and record.who == Who.of(
         "airflow", dag_id="rollup", run_id="scheduled__2026-12-01", task_id="load", try_number=1
