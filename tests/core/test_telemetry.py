@@ -287,3 +287,35 @@ def test_the_airflow_package_read_without_airflow_leaves_the_metrics_on_opentele
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["['OpenTelemetrySink']", "prefect"], done.stdout
+
+
+def test_a_sink_reports_what_it_kept_at_each_collection_and_bounds_what_waits() -> None:
+    """Counters sum, gauges keep the last value, histogram values wait for the reader's collection (cumulative
+    across collections), and values nobody collects are recorded on the spot past the bound."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from volcano_locks.telemetry import sinks
+
+    reader = InMemoryMetricReader()
+    sink = sinks.OpenTelemetrySink(MeterProvider(metric_readers=[reader]))
+    hold, requests = INSTRUMENTS["volcano.lock.hold.duration"], INSTRUMENTS["volcano.lock.requests"]
+    budget = INSTRUMENTS["volcano.lock.budget.used"]
+    released = {"volcano.orchestrator": "core", "volcano.lock.ending": "released"}
+    acquired = {"volcano.orchestrator": "core", "volcano.request.operation": "acquire"}
+    for held in (1.0, 2.0, 3.0):
+        sink.record(hold, held, released)
+        sink.record(requests, 1, acquired)
+    sink.record(budget, 0.25, {"volcano.orchestrator": "core"})
+    sink.record(budget, 0.5, {"volcano.orchestrator": "core"})
+    first = points(reader, "volcano.lock.hold.duration")
+    assert [(p.count, p.sum) for p in first] == [(3, 6.0)]
+    assert [p.value for p in points(reader, "volcano.lock.requests")] == [3]
+    assert [p.value for p in points(reader, "volcano.lock.budget.used")] == [0.5]
+    sink.record(hold, 4.0, released)
+    assert [(p.count, p.sum) for p in points(reader, "volcano.lock.hold.duration")] == [(4, 10.0)]
+
+    unread = sinks.OpenTelemetrySink(MeterProvider(metric_readers=[InMemoryMetricReader()]))
+    for _ in range(sinks._PENDING_AT_MOST * 2 + 5):
+        unread.record(hold, 1.0, released)
+    assert len(unread._pending) <= sinks._PENDING_AT_MOST  # memory stays bounded without a collection
