@@ -15,7 +15,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -300,7 +300,8 @@ class Stack:
         try:
             rows = self.query(
                 "SELECT dr.run_id, dr.run_type, dr.state, ti.task_id, ti.state, ti.try_number "
-                "FROM dag_run dr LEFT JOIN task_instance ti ON ti.dag_id = dr.dag_id AND ti.run_id = dr.run_id "
+                "FROM dag_run dr LEFT JOIN task_instance ti "
+                "ON ti.dag_id = dr.dag_id AND ti.run_id = dr.run_id "
                 "ORDER BY dr.id"
             )
         except Exception as exc:  # a report must not hide the failure it reports
@@ -369,6 +370,7 @@ def running_stack(
     apps: str = "execution",
     extra_env: dict[str, str] | None = None,
     triggerer: bool = True,
+    postgres: bool = False,
 ) -> Iterator[Stack]:
     """An api-server, dag processor, scheduler (LocalExecutor) and triggerer on a copy of the session's DB.
 
@@ -376,24 +378,56 @@ def running_stack(
     write to ``<tmp_path>/examples.sqlite``. ``dags`` is the DAGs folder (default: the examples);
     ``apps`` the api-server's apps (``all`` serves the public REST API too); ``extra_env`` is added to
     every process's environment; without ``triggerer`` the test starts one itself (``stack.start``).
+    With ``postgres`` the metadata database is a PostgreSQL database of its own (migrated, dropped after)
+    instead: SQLite fails a write that meets another process's (``database is locked``), and
+    ``airflow backfill create`` commits its backfill before its runs, so such a failure leaves a backfill
+    that lacks days and blocks any other.
     """
     home = tmp_path / "airflow-home"
     home.mkdir()
-    shutil.copy(airflow_db / "airflow.pristine.db", home / "airflow.db")
     shutil.copy(airflow_db / "airflow.cfg", home / "airflow.cfg")  # same JWT secret for every process
     port = free_port()
-    env = _stack_env(home, port, dags, tmp_path, "LocalExecutor", f"sqlite:///{home}/airflow.db")
-    stack = Stack(home, {**env, **(extra_env or {})})
-    stack.url = f"http://127.0.0.1:{port}"
-    try:
-        _start_core(stack, port, apps, triggerer)
-        yield stack
-    finally:
-        stack.stop()
+    with ExitStack() as cleanup:
+        if postgres:
+            dsn, sql = cleanup.enter_context(_pg_database("af_stack"))
+        else:
+            shutil.copy(airflow_db / "airflow.pristine.db", home / "airflow.db")
+            dsn, sql = "", f"sqlite:///{home}/airflow.db"
+        env = _stack_env(home, port, dags, tmp_path, "LocalExecutor", sql)
+        stack = Stack(home, {**env, **(extra_env or {})})
+        stack.pg_dsn = dsn
+        stack.url = f"http://127.0.0.1:{port}"
+        try:
+            if postgres:
+                stack.cli("db", "migrate")
+            _start_core(stack, port, apps, triggerer)
+            yield stack
+        finally:
+            stack.stop()
 
 
 PG_ADMIN_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=test"
 CELERY_REDIS_DB = 7  # this suite's own Redis database number (flushed before each Celery stack)
+
+
+@contextmanager
+def _pg_database(prefix: str) -> Iterator[tuple[str, str]]:
+    """A PostgreSQL database of its own (``<prefix>_<random>``), dropped after: its DSN and Airflow's URL."""
+    import uuid
+
+    import psycopg
+
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield (
+            f"host=127.0.0.1 port=5432 user=postgres dbname={name}",
+            f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}",
+        )
+    finally:
+        with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @contextmanager
@@ -412,57 +446,48 @@ def running_celery_stack(
     the broker and the result backend are Redis database ``CELERY_REDIS_DB`` on 127.0.0.1:6379.
     ``queues`` maps a worker's name to the queue it serves (its process is ``stack.procs[name]``).
     """
-    import uuid
-
-    import psycopg
     import redis
 
-    name = f"af_celery_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
     broker = f"redis://127.0.0.1:6379/{CELERY_REDIS_DB}"
     redis.Redis.from_url(broker).flushdb()
     home = tmp_path / "airflow-home"
     home.mkdir()
     shutil.copy(airflow_db / "airflow.cfg", home / "airflow.cfg")  # same JWT secret for every process
     port = free_port()
-    env = _stack_env(
-        home, port, dags, tmp_path, "CeleryExecutor", f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
-    )
-    env |= {
-        "AIRFLOW__CELERY__BROKER_URL": broker,
-        "AIRFLOW__CELERY__RESULT_BACKEND": broker,
-        "AIRFLOW__CELERY__WORKER_CONCURRENCY": "1",
-        "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "20",
-        "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5",
-    }
-    stack = Stack(home, {**env, **(extra_env or {})})
-    stack.pg_dsn = f"host=127.0.0.1 port=5432 user=postgres dbname={name}"
-    stack.url = f"http://127.0.0.1:{port}"
-    try:
-        stack.cli("db", "migrate")
-        _start_core(stack, port, apps)
-        for worker, queue in queues.items():
-            stack.start(
-                worker,
-                "celery",
-                "worker",
-                "--queues",
-                queue,
-                "--concurrency",
-                "1",
-                "--skip-serve-logs",
-                "--celery-hostname",
-                f"{worker}@%h",
-                "--without-gossip",
-                "--without-mingle",
-            )
-        yield stack
-    finally:
-        stack.stop()
-        redis.Redis.from_url(broker).flushdb()
-        with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with _pg_database("af_celery") as (dsn, sql):
+        env = _stack_env(home, port, dags, tmp_path, "CeleryExecutor", sql)
+        env |= {
+            "AIRFLOW__CELERY__BROKER_URL": broker,
+            "AIRFLOW__CELERY__RESULT_BACKEND": broker,
+            "AIRFLOW__CELERY__WORKER_CONCURRENCY": "1",
+            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "20",
+            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5",
+        }
+        stack = Stack(home, {**env, **(extra_env or {})})
+        stack.pg_dsn = dsn
+        stack.url = f"http://127.0.0.1:{port}"
+        try:
+            stack.cli("db", "migrate")
+            _start_core(stack, port, apps)
+            for worker, queue in queues.items():
+                stack.start(
+                    worker,
+                    "celery",
+                    "worker",
+                    "--queues",
+                    queue,
+                    "--concurrency",
+                    "1",
+                    "--skip-serve-logs",
+                    "--celery-hostname",
+                    f"{worker}@%h",
+                    "--without-gossip",
+                    "--without-mingle",
+                )
+            yield stack
+        finally:
+            stack.stop()
+            redis.Redis.from_url(broker).flushdb()
 
 
 @contextmanager
