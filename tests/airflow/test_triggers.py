@@ -42,13 +42,56 @@ def test_serialize_without_deadline() -> None:
 # -- against the real local server ----------------------------------------------------------------
 
 import asyncio  # noqa: E402
+import contextlib  # noqa: E402
 import hashlib  # noqa: E402
+import io  # noqa: E402
 import re  # noqa: E402
+import sys  # noqa: E402
 import time  # noqa: E402
+import traceback  # noqa: E402
+from collections.abc import AsyncIterator  # noqa: E402
+
+import pytest  # noqa: E402
 
 from airflow_provider_volcano._tokens import derive_token  # noqa: E402
 
 NONCE = new_nonce()
+LEFT_BEHIND_BOUND = 15.0
+"""Seconds a task a test left running has to end once cancelled (a trigger's watch waits 1 s for it)."""
+
+
+@pytest.fixture(autouse=True)
+async def _no_task_left_behind() -> AsyncIterator[None]:
+    """End what a test left running (the triggerer would cancel it), in bounded time.
+
+    pytest-asyncio closes the loop by cancelling every task and waiting for them without a bound: a task
+    that does not end once cancelled hung CI's oldest-Airflow lane for 300 s, with nothing said. Here it
+    fails the test naming each such task and where it waits, and the threads' stacks.
+    """
+    yield
+    me = asyncio.current_task()
+    left = [task for task in asyncio.all_tasks() if task is not me and not task.done()]
+    for task in left:
+        task.cancel()
+    if not left:
+        return
+    _, pending = await asyncio.wait(left, timeout=LEFT_BEHIND_BOUND)
+    if pending:
+        said = []
+        for task in pending:
+            where = io.StringIO()
+            task.print_stack(file=where)
+            said.append(where.getvalue())
+        threads = "".join(
+            f"thread {ident}:\n" + "".join(traceback.format_stack(frame))
+            for ident, frame in sys._current_frames().items()
+        )
+        pytest.fail(
+            f"{len(pending)} task(s) still running {LEFT_BEHIND_BOUND:g} s after their cancel:\n"
+            + "\n".join(said)
+            + "\n"
+            + threads
+        )
 
 
 def _trigger(key: str, n: int, **kwargs: object) -> VolcanoLockTrigger:
@@ -59,8 +102,10 @@ def _trigger(key: str, n: int, **kwargs: object) -> VolcanoLockTrigger:
 
 
 async def _first_event(trigger: VolcanoLockTrigger) -> dict[str, object]:
-    async for event in trigger.run():
-        return dict(event.payload)
+    """The trigger's first event; its generator closed after it, as the triggerer ends a fired trigger."""
+    async with contextlib.aclosing(trigger.run()) as events:
+        async for event in events:
+            return dict(event.payload)
     raise AssertionError("no event")
 
 
