@@ -369,12 +369,13 @@ class TaskHold:
             # Without a supervisor no Variable can be written: the board calls that tenure expired.
             self._ending = None if isinstance(exc, SupervisorGone) else "released" if released else "lapsed"
             if released:
+                skipped = isinstance(exc, AirflowSkipException)  # a run-once duplicate, or the callable's
                 self.log.info(
                     "Released %s %r (fencing token %s) %s",
                     self.what,
                     self.lock_key,
                     lease.fencing_token,
-                    "as the task is skipped" if isinstance(exc, AirflowSkipException) else "after the callable failed",
+                    "as the task is skipped" if skipped else "after the callable failed",
                 )
             raise
         finally:
