@@ -21,7 +21,15 @@ from airflow_provider_volcano.records.opened import as_int, as_kind, as_str
 from airflow_provider_volcano.records.seal import Keyring
 from airflow_provider_volcano.records.store import open_variable, set_sealed
 
-__all__ = ["HOLDER_PREFIX", "HolderRecord", "holder_variable", "read_holder", "task_try", "write_holder"]
+__all__ = [
+    "HOLDER_PREFIX",
+    "HolderRecord",
+    "holder_variable",
+    "read_holder",
+    "task_try",
+    "try_from_facts",
+    "write_holder",
+]
 
 log = logging.getLogger(__name__)
 
@@ -76,13 +84,8 @@ class HolderRecord:
             fencing_token=as_int(facts["fencing_token"]),
             ttl=as_int(facts["ttl"]),
             acquired_at=as_str(facts["acquired_at"]),
-            hostname=as_str(facts["hostname"]),
-            dag_id=as_str(facts["dag_id"]),
-            run_id=as_str(facts["run_id"]),
-            task_id=as_str(facts["task_id"]),
-            map_index=as_int(facts["map_index"]),
-            try_number=as_int(facts["try_number"]),
             kind=as_kind(facts["kind"]),
+            **try_from_facts(facts),
         )
 
     def names(self) -> str:
@@ -109,6 +112,18 @@ def task_try(context: Mapping[str, Any]) -> dict[str, Any]:
         "map_index": -1 if map_index is None else int(map_index),
         "try_number": int(ti.try_number),
         "hostname": str(getattr(ti, "hostname", None) or socket.getfqdn()),
+    }
+
+
+def try_from_facts(facts: Mapping[str, Any]) -> dict[str, Any]:
+    """The task try a record's facts name (what :func:`task_try` wrote), each fact checked."""
+    return {
+        "dag_id": as_str(facts["dag_id"]),
+        "run_id": as_str(facts["run_id"]),
+        "task_id": as_str(facts["task_id"]),
+        "map_index": as_int(facts["map_index"]),
+        "try_number": as_int(facts["try_number"]),
+        "hostname": as_str(facts["hostname"]),
     }
 
 

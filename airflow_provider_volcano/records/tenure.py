@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
-from airflow_provider_volcano.records.holder import task_try
+from airflow_provider_volcano.records.holder import task_try, try_from_facts
 from airflow_provider_volcano.records.opened import as_int, as_kind, as_str
 from airflow_provider_volcano.records.seal import Keyring
 from airflow_provider_volcano.records.store import set_sealed
@@ -87,13 +87,8 @@ class TenureRecord:
             acquired_at=as_str(facts["acquired_at"]),
             ended_at=as_str(facts["ended_at"]),
             ending=ending,
-            dag_id=as_str(facts["dag_id"]),
-            run_id=as_str(facts["run_id"]),
-            task_id=as_str(facts["task_id"]),
-            map_index=as_int(facts["map_index"]),
-            try_number=as_int(facts["try_number"]),
-            hostname=as_str(facts["hostname"]),
             kind=as_kind(facts["kind"]),
+            **try_from_facts(facts),
         )
 
     def held_for(self) -> float | None:
