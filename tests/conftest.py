@@ -113,7 +113,8 @@ def pg_dsn() -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
-    """moto's S3-compatible server (``python -m moto.server``) as its own process on a free loopback port.
+    """moto's S3-compatible server as its own process on a free loopback port, its conditional writes
+    atomic as S3's are (``tests/fencing/s3_server.py``).
 
     One per session; take a fresh bucket per test with ``s3_server.bucket()``. Stopped at session end.
     """

@@ -2,6 +2,12 @@
 
 moto 5.2's server enforces ``If-Match`` and ``If-None-Match`` on ``PutObject`` (412 on a mismatch), which
 is what the fenced S3 adapter relies on. Used by the ``s3_server`` fixture and the chaos run.
+
+S3 makes a conditional write atomic: of two concurrent ``PutObject`` with ``If-None-Match: *`` on one key,
+at most one succeeds. moto's server checks the condition, then writes, on threads of its own, so two
+concurrent writes could both pass (CI saw two of six same-token publishes succeed). Our server runs moto
+with ``PutObject`` serialised (:data:`SERVER`), as S3 behaves; ``tests/fencing/test_s3_server.py``
+shows the difference.
 """
 
 from __future__ import annotations
@@ -26,6 +32,40 @@ CREDENTIALS = {
 }
 
 
+SERVER = """
+import os
+import threading
+import time
+
+from moto import server
+from moto.s3.models import S3Backend
+from moto.s3.responses import S3Response
+
+delay = float(os.environ.get("VOLCANO_TEST_MOTO_CHECK_DELAY") or 0)
+if delay:  # a slow look-up, as on a loaded machine: the window between a check and its write widens
+    _get_object = S3Backend.get_object
+
+    def get_object(self, *args, **kwargs):
+        found = _get_object(self, *args, **kwargs)
+        time.sleep(delay)
+        return found
+
+    S3Backend.get_object = get_object
+
+if os.environ.get("VOLCANO_TEST_MOTO_ATOMIC") != "0":
+    _one_at_a_time = threading.Lock()
+    _put_object = S3Response.put_object
+
+    def put_object(self, *args, **kwargs):  # as S3: a conditional write's check and write are one step
+        with _one_at_a_time:
+            return _put_object(self, *args, **kwargs)
+
+    S3Response.put_object = put_object
+server.main()
+"""
+"""moto's server, each ``PutObject`` one at a time (a ``python -c`` program; moto's arguments follow)."""
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -35,9 +75,18 @@ def _free_port() -> int:
 class MotoServer:
     """``python -m moto.server`` on a free loopback port; ``client()`` gives a boto3 S3 client on it."""
 
-    def __init__(self, *, python: str = sys.executable, log: Path | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        python: str = sys.executable,
+        log: Path | None = None,
+        atomic: bool = True,
+        check_delay: float = 0.0,
+    ) -> None:
         self.python = python
         self.log = log
+        self.atomic = atomic  # False: moto's PutObject as it comes (see the module's docstring)
+        self.check_delay = check_delay  # seconds added to each object look-up (widens a race's window)
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -55,11 +104,16 @@ class MotoServer:
         self.port = _free_port()
         sink: Any = open(self.log, "wb") if self.log else subprocess.DEVNULL  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [self.python, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            [self.python, "-c", SERVER, "-H", "127.0.0.1", "-p", str(self.port)],
             stdout=sink,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env={**os.environ, **CREDENTIALS},
+            env={
+                **os.environ,
+                **CREDENTIALS,
+                "VOLCANO_TEST_MOTO_ATOMIC": "1" if self.atomic else "0",
+                "VOLCANO_TEST_MOTO_CHECK_DELAY": str(self.check_delay),
+            },
         )
         if self.log:
             sink.close()
