@@ -217,7 +217,9 @@ def line(runs: int, hold: float, workers: int) -> list[dict[str, Any]]:
     with (
         _postgres_database() as database_url,
         LocalServer(admin=True, quota=600) as volcano,
-        prefect_server(workdir / "prefect-home", database_url=database_url, start_timeout=900) as base,
+        prefect_server(
+            workdir / "prefect-home", database_url=database_url, start_timeout=900, log=workdir / "server.log"
+        ) as base,
     ):
         api = f"{base}/api"
         env = dict(
@@ -265,7 +267,7 @@ def line(runs: int, hold: float, workers: int) -> list[dict[str, Any]]:
                             collections.Counter(f"{r['op']} {r.get('served')}" for r in calls)
                         )
                     rows.append(row)
-    print(f"(flows, sections and worker logs in {workdir})", file=sys.stderr)
+    print(f"(flows, sections, worker and server logs in {workdir})", file=sys.stderr)
     return rows
 
 

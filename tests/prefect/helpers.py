@@ -64,13 +64,18 @@ def load_flow_module(stem: str) -> ModuleType:
 
 @contextmanager
 def prefect_server(
-    home: Path, *, services: bool = True, database_url: str | None = None, start_timeout: float = 120.0
+    home: Path,
+    *,
+    services: bool = True,
+    database_url: str | None = None,
+    start_timeout: float = 120.0,
+    log: Path | None = None,
 ) -> Iterator[str]:
     """A real ``prefect server start`` (with its UI) on a free loopback port; yields its base URL.
 
     Its home and SQLite database are in ``home`` (``database_url``: another database, e.g.
     ``postgresql+asyncpg://...``). ``services=False`` runs none of the server's background services
-    (the lease repossessor among them).
+    (the lease repossessor among them). ``log``: a file for the server's output (else it is dropped).
     """
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -86,11 +91,12 @@ def prefect_server(
     )
     prefect = str(Path(sys.executable).with_name("prefect"))
     command = [prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)]
+    out = open(log, "wb") if log is not None else subprocess.DEVNULL  # noqa: SIM115 (closed below)
     server = subprocess.Popen(
         [*command, *([] if services else ["--no-services"])],
         env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stdout=out,
+        stderr=subprocess.STDOUT,
     )
     try:
         deadline = time.monotonic() + start_timeout
@@ -111,6 +117,8 @@ def prefect_server(
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+        if log is not None:
+            out.close()  # type: ignore[union-attr]
 
 
 def release_once_waiting(server: Any, holder: VolcanoLocks, key: str, lease: Any) -> threading.Thread:
