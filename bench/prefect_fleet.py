@@ -42,6 +42,7 @@ from typing import Any
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate, WorkPoolCreate
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+from prefect.exceptions import PrefectHTTPStatusError
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from volcano_locks.server.harness import LocalServer
@@ -49,6 +50,17 @@ from volcano_locks.server.harness import LocalServer
 __all__ = ["line", "print_line"]
 
 POOL = "bench-fleet"
+SERVER_POOL = {
+    "PREFECT_SERVER_DATABASE_SQLALCHEMY_POOL_SIZE": "20",
+    "PREFECT_SERVER_DATABASE_SQLALCHEMY_MAX_OVERFLOW": "30",
+    "PREFECT_SERVER_DATABASE_CONNECTION_TIMEOUT": "30",
+    "PREFECT_SERVER_DATABASE_TIMEOUT": "30",
+}
+"""The Prefect server's database settings for 50 runs starting at once on two cores. With Prefect's
+defaults (a pool of 5, overflow 10) its requests waited 30 s for a connection and failed with 500
+(`QueuePool limit ... reached`, server.log); with a larger pool, opening a connection took over its
+5 s timeout while the runs' processes started. Either way runs crashed while they started, whichever
+lock they were to take."""
 TTL = 15
 MODES = ("volcano", "limit")
 
@@ -166,7 +178,16 @@ def _one(
     ids = [client.create_flow_run_from_deployment(deployment_id).id for _ in range(runs)]
 
     def ended() -> list[Any]:
-        found = client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids)), limit=runs)
+        for attempt in range(5):  # a busy server may answer 5xx for a while: the bench asks again
+            try:
+                found = client.read_flow_runs(
+                    flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids)), limit=runs
+                )
+                break
+            except PrefectHTTPStatusError as exc:
+                if exc.response.status_code < 500 or attempt == 4:
+                    raise
+                time.sleep(2.0)
         return [r for r in found if r.state is not None and r.state.is_final()]
 
     ends = time.monotonic() + bound
@@ -218,7 +239,11 @@ def line(runs: int, hold: float, workers: int) -> list[dict[str, Any]]:
         _postgres_database() as database_url,
         LocalServer(admin=True, quota=600) as volcano,
         prefect_server(
-            workdir / "prefect-home", database_url=database_url, start_timeout=900, log=workdir / "server.log"
+            workdir / "prefect-home",
+            database_url=database_url,
+            start_timeout=900,
+            log=workdir / "server.log",
+            extra_env=SERVER_POOL,
         ) as base,
     ):
         api = f"{base}/api"

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
@@ -70,12 +70,14 @@ def prefect_server(
     database_url: str | None = None,
     start_timeout: float = 120.0,
     log: Path | None = None,
+    extra_env: Mapping[str, str] | None = None,
 ) -> Iterator[str]:
     """A real ``prefect server start`` (with its UI) on a free loopback port; yields its base URL.
 
     Its home and SQLite database are in ``home`` (``database_url``: another database, e.g.
     ``postgresql+asyncpg://...``). ``services=False`` runs none of the server's background services
     (the lease repossessor among them). ``log``: a file for the server's output (else it is dropped).
+    ``extra_env``: more settings for the server (e.g. its database pool).
     """
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -88,6 +90,7 @@ def prefect_server(
         PREFECT_API_DATABASE_CONNECTION_URL=database_url or f"sqlite+aiosqlite:///{home / 'prefect.db'}",
         PREFECT_API_URL=f"{base}/api",
         PREFECT_UI_API_URL=f"{base}/api",
+        **(extra_env or {}),
     )
     prefect = str(Path(sys.executable).with_name("prefect"))
     command = [prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)]
