@@ -10,8 +10,8 @@ once. Each acquisition (`volcano.lock.acquired`, with the lease's `expires_at`) 
 core's `volcano_locks.waiting.inform`: the engine's looks, only the safety net here
 (`WaitPolicy.at_expiry`), are then due when that lease would end unrenewed, so a line of short holds
 costs no looks and a crashed holder (no release, no event) is taken over about a second after its
-lease ends, by the first in line (each run behind leaves each run ahead a turn of `patience` seconds).
-Where the events cannot be reached, the engine polls on its own, more slowly.
+lease ends, by the first in line (the others leave it `patience` seconds). Where the events cannot be
+reached, the engine polls on its own, more slowly.
 """
 
 from __future__ import annotations
@@ -76,20 +76,14 @@ def _holder(event: Event) -> LockState | None:
 class WaitingLine:
     """The runs waiting for one lock, as their events tell, first come first; sans-I/O.
 
-    On a release only the first run in line tries at once; the next gives it `patience` seconds to
-    announce that it acquired, the one after twice that, and so on (up to `MAX_TURNS` turns): a run
-    that left the line without a word (crashed, gave up) costs one acquisition, not one from every run
-    behind it. A run that another passed in line (acquired while it was ahead) did not take its turn:
-    it leaves the line, so the next release goes to the next run at once. Were it alive after all, it
-    no longer finds itself in line and tries at once on each release, which is always safe.
+    On a release only the first run in line tries at once; the others give it `patience` seconds to
+    announce that it acquired, and try themselves if it does not (it may have crashed or given up).
+    So a release costs about one acquisition, not one per waiting process.
 
     Args:
         me: This run's resource id (`prefect.task-run.<id>` or `prefect.flow-run.<id>`), or None.
-        patience: Seconds a run leaves each run ahead of it after a release.
+        patience: Seconds the others leave the first in line.
     """
-
-    MAX_TURNS = 4
-    """The most turns a run leaves to those ahead of it (a longer line's tail tries together)."""
 
     def __init__(self, me: str | None, patience: float = 2.0) -> None:
         self.me = me
@@ -106,31 +100,16 @@ class WaitingLine:
             done = self._done.get(runner)
             if done is None or done < event.occurred:  # events may arrive out of order
                 self._since.setdefault(runner, event.occurred)
-            return
-        if event.event == ACQUIRED and runner in self._since:
-            place = (self._since[runner], runner)
-            for passed in [other for other, since in self._since.items() if (since, other) < place]:
-                self._leaves(passed, event.occurred)
-        self._leaves(runner, event.occurred)
-
-    def _leaves(self, runner: str, at: datetime) -> None:
-        self._done[runner] = max(at, self._done.get(runner, at))
-        self._since.pop(runner, None)
-
-    def ahead(self) -> int:
-        """How many runs are before this one in line (0: first, or cannot tell, and then it tries)."""
-        mine = self._since.get(self.me) if self.me is not None else None
-        if mine is None:
-            return 0
-        return sum(1 for runner, since in self._since.items() if (since, runner) < (mine, self.me))
+        else:
+            self._done[runner] = max(event.occurred, self._done.get(runner, event.occurred))
+            self._since.pop(runner, None)
 
     def first(self) -> bool:
         """Whether this run is first in line (or cannot tell: then it tries, which is always safe)."""
-        return self.ahead() == 0
-
-    def delay(self) -> float:
-        """Seconds this run leaves the runs ahead of it after a release (0: it tries at once)."""
-        return self.patience * min(self.ahead(), self.MAX_TURNS)
+        mine = self._since.get(self.me) if self.me is not None else None
+        if mine is None:
+            return True
+        return all((since, runner) >= (mine, self.me) for runner, since in self._since.items())
 
 
 class ReleaseListener:
@@ -183,9 +162,9 @@ class ReleaseListener:
             "lock %r: one look on subscribing, for a release just before it (%d waiter(s))", self.key, woken
         )
 
-    async def _wake_later(self, event: Event, delay: float) -> None:
-        await asyncio.sleep(delay)
-        self._wake(event, f"after {delay:g} s (the runs ahead in line did not take it)")
+    async def _wake_later(self, event: Event) -> None:
+        await asyncio.sleep(self.line.patience)
+        self._wake(event, f"after {self.line.patience:g} s (the first in line did not take it)")
 
     def _cancel_later(self) -> None:
         if self._later is not None:
@@ -197,7 +176,7 @@ class ReleaseListener:
         holder = _holder(event)
         if holder is None:
             return
-        behind = self.line.delay()
+        behind = 0.0 if self.line.first() else self.line.patience
         inform(self.key, holder, api_url=self._api_url, credential_id=self._credential_id, behind=behind)
 
     def _on(self, event: Event) -> None:
@@ -213,11 +192,10 @@ class ReleaseListener:
         if event.event not in FREED or event.occurred < self._since:
             return
         self._cancel_later()
-        delay = self.line.delay()
-        if delay == 0:
+        if self.line.first():
             self._wake(event, "at once (first in line)")
         else:
-            self._later = asyncio.get_running_loop().create_task(self._wake_later(event, delay))
+            self._later = asyncio.get_running_loop().create_task(self._wake_later(event))
             self._later_for = event.occurred
 
     async def listen(self) -> None:

@@ -263,49 +263,6 @@ def test_the_waiting_line_lets_the_first_waiter_go_first() -> None:
     assert line_c.first()
 
 
-def test_a_run_that_died_in_line_costs_one_look_and_only_once() -> None:
-    """Issue 34 at 50 runs: runs that crashed while they waited stayed first in every view, so after
-    each release every run behind tried together (404 refused acquisitions for 28 holds)."""
-    from prefect_volcano._wake import WaitingLine
-
-    dead, b, c, d = (f"prefect.task-run.{n}" for n in ("dead", "b", "c", "d"))
-    waiting = [
-        _event("waiting", dead, 1),
-        _event("waiting", b, 2),
-        _event("waiting", c, 3),
-        _event("waiting", d, 4),
-    ]
-    lines = {me: WaitingLine(me, patience=2.0) for me in (b, c, d)}
-    for line in lines.values():
-        for event in waiting:
-            line.saw(event)
-    # A release: the dead run does not try; b's turn comes after 2 s, c's after 4 s, d's after 6 s.
-    assert [lines[me].delay() for me in (b, c, d)] == [2.0, 4.0, 6.0]
-    # b took it: the dead run was passed over and leaves every line; c is first at the next release.
-    for line in lines.values():
-        line.saw(_event("acquired", b, 10))
-    assert [lines[me].delay() for me in (c, d)] == [0.0, 2.0]
-    # A run passed over that was alive after all no longer finds itself in line: it tries at once.
-    slow = WaitingLine(dead, patience=2.0)
-    for event in (*waiting, _event("acquired", b, 10)):
-        slow.saw(event)
-    assert slow.first()
-    # An acquisition by a run that never waited passes nobody over.
-    for line in lines.values():
-        line.saw(_event("acquired", "prefect.task-run.newcomer", 12))
-    assert [lines[me].delay() for me in (c, d)] == [0.0, 2.0]
-
-
-def test_a_long_line_leaves_those_ahead_at_most_max_turns() -> None:
-    from prefect_volcano._wake import WaitingLine
-
-    runs = [f"prefect.task-run.r{i}" for i in range(10)]
-    last = WaitingLine(runs[-1], patience=0.5)
-    for i, run in enumerate(runs):
-        last.saw(_event("waiting", run, i))
-    assert last.ahead() == 9 and last.delay() == 0.5 * WaitingLine.MAX_TURNS
-
-
 def _listener(me: str) -> Any:
     from datetime import UTC, datetime
 
@@ -342,10 +299,10 @@ async def test_a_deferred_wake_is_cancelled_only_by_a_later_acquisition(
         listener = _listener(c)
         for event in (_event("waiting", a, 1), _event("waiting", b, 2), _event("waiting", c, 3)):
             listener._on(event)
-        listener._on(_event("released", h, 7))  # a and b are ahead in line: c leaves them a turn each
+        listener._on(_event("released", h, 7))  # a is first in line: c leaves it the patience
         listener._on(_event("acquired", h, 5))  # the releaser's own acquisition, delivered late
         await asyncio.sleep(0.3)
-        assert _woke(caplog) == ["woke 0 waiter(s) after 0.1 s (the runs ahead in line did not take it)"]
+        assert _woke(caplog) == ["woke 0 waiter(s) after 0.05 s (the first in line did not take it)"]
         caplog.clear()
         listener._on(_event("released", h, 10))  # still a first (it never said it acquired)
         listener._on(_event("acquired", a, 11))  # a took it after this release: wait for the next
