@@ -65,10 +65,12 @@ class TcpProxy:
             except OSError:
                 return
             with self._lock:
+                # Checked and recorded under one lock hold: a connection accepted while stalled is in
+                # the list resume() resets, never left hanging after it.
                 stalled = self._stalled
-            if stalled:
-                with self._lock:
+                if stalled:
                     self._socks.append(client)  # connected, and never answered
+            if stalled:
                 continue
             try:
                 upstream = socket.create_connection(self.target, timeout=5)
@@ -146,10 +148,16 @@ class TcpProxy:
             self._stalled = True
 
     def resume(self) -> None:
-        """Forward again; connections open during the stall lost data, so they are reset."""
-        self._reset_forwarded()
+        """Forward again; connections open during the stall lost data, so they are reset.
+
+        The flag is cleared, and the connections to reset taken, under one lock hold before the reset: a
+        client that retries the moment its stalled connection is reset (a connection pool does) reaches
+        the target, not another stalled connection, and is not reset itself.
+        """
         with self._changed:
             self._stalled = False
+            socks, self._socks = self._socks, []
+        self._reset(socks)
 
     def close(self) -> None:
         """Stop listening, release anything held, and reset every connection."""
@@ -161,6 +169,10 @@ class TcpProxy:
     def _reset_forwarded(self) -> None:
         with self._lock:
             socks, self._socks = self._socks, []
+        self._reset(socks)
+
+    @staticmethod
+    def _reset(socks: list[socket.socket]) -> None:
         for s in socks:
             with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
