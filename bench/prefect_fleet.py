@@ -29,7 +29,6 @@ import json
 import os
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import textwrap
@@ -39,11 +38,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from prefect.client.orchestration import get_client
-from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate, WorkPoolCreate
+from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 from prefect.exceptions import PrefectHTTPStatusError
-from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from volcano_locks.server.harness import LocalServer
 
@@ -65,7 +62,7 @@ TTL = 15
 MODES = ("volcano", "limit")
 
 _FLOWS = """
-import os, time
+import logging, os, time
 from pathlib import Path
 from prefect import flow, task
 from prefect.concurrency.sync import concurrency
@@ -93,8 +90,18 @@ def gate(mode):
     while not (OUT / f"{mode}.go").exists():
         time.sleep(0.05)
 
+def log_wakes():
+    # What this run's listener saw and when (the line's evidence: each line is the time it was logged,
+    # then the message, which names the event's own time), one file a run.
+    handler = logging.FileHandler(OUT / f"wake-{flow_run.id}.log")
+    handler.setFormatter(logging.Formatter("%(created).6f %(message)s"))
+    wake = logging.getLogger("prefect_volcano.wake")
+    wake.addHandler(handler)
+    wake.setLevel(logging.DEBUG)
+
 @flow
 def volcano_line():
+    log_wakes()
     gate("volcano")
     volcano_hold()
 
@@ -110,36 +117,6 @@ def limit_line():
     gate("limit")
     limit_hold()
 """
-
-
-@contextlib.contextmanager
-def _workers(n: int, env: dict[str, str], logs: Path) -> Iterator[None]:
-    prefect = str(Path(sys.executable).with_name("prefect"))
-    procs = []
-    try:
-        for i in range(n):
-            out = open(logs / f"worker{i}.log", "w")  # noqa: SIM115 (closed with the process)
-            procs.append(
-                (
-                    subprocess.Popen(
-                        [prefect, "worker", "start", "--pool", POOL, "--type", "process", "--name", f"w{i}"],
-                        env=env,
-                        stdout=out,
-                        stderr=subprocess.STDOUT,
-                    ),
-                    out,
-                )
-            )
-        yield
-    finally:
-        for proc, out in procs:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            out.close()
 
 
 @contextlib.contextmanager
@@ -232,27 +209,12 @@ def line(runs: int, hold: float, workers: int) -> list[dict[str, Any]]:
     workdir = Path(tempfile.mkdtemp(prefix="bench-prefect-line-"))
     (workdir / "fleet_flows.py").write_text(textwrap.dedent(_FLOWS))
     key, limit = f"bench-line-{uuid.uuid4().hex[:8]}", f"bench-line-{uuid.uuid4().hex[:8]}"
-    from tests.prefect.helpers import prefect_server  # the suite's `prefect server start`, with services
+    from tests.support.prefect_pool import process_pool  # the suite's server, pool and workers
 
     rows = []
-    with (
-        _postgres_database() as database_url,
-        LocalServer(admin=True, quota=600) as volcano,
-        prefect_server(
-            workdir / "prefect-home",
-            database_url=database_url,
-            start_timeout=900,
-            log=workdir / "server.log",
-            extra_env=SERVER_POOL,
-        ) as base,
-    ):
-        api = f"{base}/api"
+    with _postgres_database() as database_url, LocalServer(admin=True, quota=600) as volcano:
         env = dict(
-            os.environ,
-            **volcano.env(),
-            PREFECT_API_URL=api,
-            PREFECT_HOME=str(workdir / "worker-home"),
-            PREFECT_WORKER_QUERY_SECONDS="1",
+            volcano.env(),
             PREFECT_LOGGING_LEVEL="WARNING",
             BENCH_FLEET_DIR=str(workdir),
             BENCH_FLEET_HOLD=str(hold),
@@ -263,35 +225,28 @@ def line(runs: int, hold: float, workers: int) -> list[dict[str, Any]]:
                 filter(None, [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")])
             ),
         )
-        with temporary_settings(updates={PREFECT_API_URL: api}), get_client(sync_client=True) as client:
-            client.create_work_pool(WorkPoolCreate(name=POOL, type="process"))
-            client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=limit, limit=1))
-            deployments = {}
+        server = {
+            "database_url": database_url,
+            "start_timeout": 900,
+            "log": workdir / "server.log",
+            "extra_env": SERVER_POOL,
+        }
+        with process_pool(workdir, env, pool=POOL, workers=workers, server=server) as pool:
+            pool.client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=limit, limit=1))
+            deployments = {
+                mode: pool.deploy(f"{mode}-line", f"fleet_flows.py:{mode}_line", workdir) for mode in MODES
+            }
             for mode in MODES:
-                flow_id = client.create_flow_from_name(f"{mode}-line")
-                deployments[mode] = client.create_deployment(
-                    flow_id=flow_id,
-                    name="line",
-                    entrypoint=f"fleet_flows.py:{mode}_line",
-                    work_pool_name=POOL,
-                    pull_steps=[
-                        {"prefect.deployments.steps.set_working_directory": {"directory": str(workdir)}}
-                    ],
+                volcano.clear_requests()
+                row = _one(
+                    pool.client, deployments[mode], mode, runs, hold, workdir, bound=runs * hold * 6 + 600
                 )
-            with _workers(workers, env, workdir):
-                for mode in MODES:
-                    volcano.clear_requests()
-                    row = _one(
-                        client, deployments[mode], mode, runs, hold, workdir, bound=runs * hold * 6 + 600
-                    )
-                    if mode == "volcano":
-                        calls = [r for r in volcano.requests() if r.get("op") is not None]
-                        (workdir / "requests.json").write_text(json.dumps(calls, default=str))
-                        row["requests"] = len(calls)
-                        row["by_op"] = dict(
-                            collections.Counter(f"{r['op']} {r.get('served')}" for r in calls)
-                        )
-                    rows.append(row)
+                if mode == "volcano":
+                    calls = [r for r in volcano.requests() if r.get("op") is not None]
+                    (workdir / "requests.json").write_text(json.dumps(calls, default=str))
+                    row["requests"] = len(calls)
+                    row["by_op"] = dict(collections.Counter(f"{r['op']} {r.get('served')}" for r in calls))
+                rows.append(row)
     print(f"(flows, sections, worker and server logs in {workdir})", file=sys.stderr)
     return rows
 

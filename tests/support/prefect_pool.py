@@ -1,4 +1,5 @@
-"""A real Prefect deployment set-up for tests: ``prefect server start``, a process work pool, one worker.
+"""A real Prefect deployment set-up for tests and benches: ``prefect server start``, a process work pool,
+its workers.
 
 What a Prefect user runs: each flow run is a process of its own, started by the worker from a deployment
 whose entrypoint is a file in a directory the test writes. The worker's environment is the test's plus
@@ -13,7 +14,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,10 +57,20 @@ class Pool:
 
 @contextmanager
 def process_pool(
-    workdir: Path, env: Mapping[str, str], *, wrap: Sequence[str] = (), pool: str = "test-pool"
+    workdir: Path,
+    env: Mapping[str, str],
+    *,
+    wrap: Sequence[str] = (),
+    pool: str = "test-pool",
+    workers: int = 1,
+    server: Mapping[str, Any] | None = None,
 ) -> Iterator[Pool]:
-    """A real server (SQLite in ``workdir``), a ``process`` pool and one worker; the worker's log is
-    ``workdir / "worker.log"``."""
+    """A real server (SQLite in ``workdir`` unless ``server`` says otherwise), a ``process`` pool and
+    ``workers`` workers; worker ``i``'s log is ``workdir / f"worker{i}.log"``.
+
+    ``server``: more of ``prefect_server``'s arguments (``database_url``, ``start_timeout``, ``log``,
+    ``extra_env``).
+    """
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
     from prefect.settings import PREFECT_API_URL, temporary_settings
@@ -67,7 +78,7 @@ def process_pool(
     from tests.prefect.helpers import prefect_server
 
     bin_dir = Path(sys.executable).parent
-    with prefect_server(workdir / "prefect-home") as base:
+    with prefect_server(workdir / "prefect-home", **(server or {})) as base, ExitStack() as running:
         api = f"{base}/api"
         worker_env = dict(
             os.environ,
@@ -76,23 +87,27 @@ def process_pool(
             PREFECT_HOME=str(workdir / "worker-home"),
             PREFECT_WORKER_QUERY_SECONDS="1",
         )
-        with temporary_settings(updates={PREFECT_API_URL: api}), get_client(sync_client=True) as client:
-            client.create_work_pool(WorkPoolCreate(name=pool, type="process"))
-            command = [str(bin_dir / "prefect"), "worker", "start", "--pool", pool, "--type", "process"]
-            with (workdir / "worker.log").open("w") as log:
-                worker = subprocess.Popen(
-                    [*wrap, *command, "--name", "w0"],
-                    env=worker_env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-                try:
-                    yield Pool(api, client, pool)
-                finally:
-                    worker.terminate()
-                    try:
-                        worker.wait(30)
-                    except subprocess.TimeoutExpired:
-                        worker.kill()
-                        worker.wait(10)
+        running.enter_context(temporary_settings(updates={PREFECT_API_URL: api}))
+        client = running.enter_context(get_client(sync_client=True))
+        client.create_work_pool(WorkPoolCreate(name=pool, type="process"))
+        command = [str(bin_dir / "prefect"), "worker", "start", "--pool", pool, "--type", "process"]
+        for i in range(workers):
+            log = running.enter_context((workdir / f"worker{i}.log").open("w"))
+            worker = subprocess.Popen(
+                [*wrap, *command, "--name", f"w{i}"],
+                env=worker_env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            running.callback(_stop, worker)
+        yield Pool(api, client, pool)
+
+
+def _stop(worker: subprocess.Popen[bytes]) -> None:
+    worker.terminate()
+    try:
+        worker.wait(30)
+    except subprocess.TimeoutExpired:
+        worker.kill()
+        worker.wait(10)
