@@ -11,6 +11,7 @@ import asyncio
 import contextvars
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AsyncExitStack, ExitStack, asynccontextmanager, contextmanager
+from datetime import datetime
 from typing import Any
 
 from prefect import State
@@ -65,7 +66,7 @@ class Holding:
         client: VolcanoLocks | AsyncVolcanoLocks,
         *,
         cancels: bool,
-        listen: Callable[[str, str, str, str, str | None], Callable[[], Any]],
+        listen: Callable[[str, str, str, str, str | None, datetime | None], Callable[[], Any]],
         once_key: str | None = None,
     ) -> None:
         self.spec = spec
@@ -81,10 +82,10 @@ class Holding:
         self.stop_listening: Callable[[], Any] = lambda: None
         self.waiter = WaitReporter(self.report, on_start=self._start_listening)
 
-    def _start_listening(self) -> None:
+    def _start_listening(self, joined: datetime | None) -> None:
         client = self.client
         self.stop_listening = self._listen(
-            self.key, client.api_url, client.credential_id, client.project, self.report.events.runner
+            self.key, client.api_url, client.credential_id, client.project, self.report.events.runner, joined
         )
 
     def open(self) -> Any:

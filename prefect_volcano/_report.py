@@ -432,10 +432,13 @@ class WaitReporter:
 
     Args:
         report: The run's report (its log, key and events).
-        on_start: Called once, when the wait starts (e.g. to listen for releases).
+        on_start: Called once, when the wait starts (e.g. to listen for releases), with when the
+            `waiting` event occurred (None: none was emitted): the run's place in line.
     """
 
-    def __init__(self, report: RunReport, on_start: Callable[[], object] = lambda: None) -> None:
+    def __init__(
+        self, report: RunReport, on_start: Callable[[datetime | None], object] = lambda joined: None
+    ) -> None:
         self._report = report
         self._on_start = on_start
         self._reports = 0
@@ -461,8 +464,10 @@ class WaitReporter:
         r.expects(when)
         if self._reports == 1:
             r.log.info("Waiting for lock %r, held by %s; %s", r.key, who, when)
-            r.events.emit("waiting", holder_fencing_token=self.holder.fencing_token if self.holder else None)
-            self._on_start()
+            joined = r.events.emit(
+                "waiting", holder_fencing_token=self.holder.fencing_token if self.holder else None
+            )
+            self._on_start(joined)
             return
         r.log.info("Still waiting for lock %r after %.0f s, held by %s; %s", r.key, waited, who, when)
 

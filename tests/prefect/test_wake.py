@@ -101,15 +101,16 @@ def test_a_release_in_another_process_wakes_the_waiter(
     ]
 
 
-def test_a_release_before_the_waiter_listens_is_seen_by_its_look_on_subscribing(
+def test_a_release_before_the_waiter_listens_is_found_after_subscribing(
     unique_key: str,
     prefect_subprocess_env: dict[str, str],
     caplog: pytest.LogCaptureFixture,
     volcano_server: Any,
 ) -> None:
     """Released as soon as the waiter is refused, before it subscribes or while it does: Prefect's
-    server may not have stored the release for the subscription's replay yet. The waiter's look on
-    subscribing takes the lock; it does not wait out the released lease (TTL 15 s)."""
+    server may not have stored the release for the subscription's replay yet. The waiter, alone in
+    line, finds it by its read of the persisted events or by its one look after that read; it does not
+    wait out the released lease (TTL 15 s)."""
     with caplog.at_level(logging.DEBUG, logger="prefect_volcano.wake"):
         held, ours = _wait_behind_a_holder_in_another_process(
             unique_key, prefect_subprocess_env, _refused(volcano_server, unique_key)
@@ -119,7 +120,8 @@ def test_a_release_before_the_waiter_listens_is_seen_by_its_look_on_subscribing(
     first = next(r for r in calls if r.get("op") == "acquire" and r.get("status") == 201)
     won = next(r for r in calls if r.get("op") == "acquire" and r.get("status") == 201 and r is not first)
     assert won["mono"] - first["mono"] < 15, _summary(calls, first["mono"])  # before the lease's end
-    assert any("one look on subscribing" in r.getMessage() for r in caplog.records)
+    said = [r.getMessage() for r in caplog.records if r.name == "prefect_volcano.wake"]
+    assert any("one look, first in line" in m or "released elsewhere" in m for m in said), said
     # The release was recorded before the waiter took the lock: no false alarm of a lapse.
     assert not [r for r in caplog.records if "without a release" in r.getMessage()]
 
@@ -263,12 +265,14 @@ def test_the_waiting_line_lets_the_first_waiter_go_first() -> None:
     assert line_c.first()
 
 
-def _listener(me: str) -> Any:
+def _listener(me: str, joined: int | None = None) -> Any:
+    """A listener for `me`, which started waiting at second `joined` of the events' minute (if given)."""
     from datetime import UTC, datetime
 
     from prefect_volcano._wake import ReleaseListener
 
-    listener = ReleaseListener("k", "http://127.0.0.1:1", "credential", "p", me=me)
+    at = None if joined is None else _event("waiting", me, joined).occurred
+    listener = ReleaseListener("k", "http://127.0.0.1:1", "credential", "p", me=me, joined=at)
     listener._since = datetime(2026, 12, 1, 5, 0, 0, tzinfo=UTC)  # the events below are "since we listened"
     listener.line.patience = 0.05
     return listener
@@ -302,9 +306,126 @@ async def test_a_deferred_wake_is_cancelled_only_by_a_later_acquisition(
         listener._on(_event("released", h, 7))  # a is first in line: c leaves it the patience
         listener._on(_event("acquired", h, 5))  # the releaser's own acquisition, delivered late
         await asyncio.sleep(0.3)
-        assert _woke(caplog) == ["woke 0 waiter(s) after 0.05 s (the first in line did not take it)"]
+        assert _woke(caplog) == [f"woke 0 waiter(s) after 0.05 s (the first in line, {a}, did not take it)"]
         caplog.clear()
-        listener._on(_event("released", h, 10))  # still a first (it never said it acquired)
-        listener._on(_event("acquired", a, 11))  # a took it after this release: wait for the next
+        listener._on(_event("released", h, 10))  # a left the line: b is first now
+        listener._on(_event("acquired", b, 11))  # b took it after this release: wait for the next
         await asyncio.sleep(0.3)
     assert _woke(caplog) == []
+
+
+def test_a_run_places_itself_by_its_own_waiting_event() -> None:
+    # Its own event rarely reaches it (emitted before it subscribes, not yet persisted for the replay):
+    # without it every run took itself for first and tried at once on every release.
+    from prefect_volcano._wake import WaitingLine
+
+    a, b, c = "prefect.task-run.a", "prefect.task-run.b", "prefect.task-run.c"
+    blind = WaitingLine(me=c)
+    blind.saw(_event("waiting", a, 1))
+    assert blind.first()  # cannot tell its own place: tries, which is always safe
+    line = WaitingLine(me=c)
+    line.joined(_event("waiting", c, 3).occurred)
+    line.saw(_event("waiting", a, 1))
+    line.saw(_event("waiting", b, 4))  # came after c
+    assert not line.first()
+    line.saw(_event("acquired", a, 6))
+    assert line.first()
+    line.saw(_event("waiting", c, 3))  # its own event, late: the same place
+    assert line.first()
+
+
+async def test_a_first_in_line_that_lets_a_release_pass_leaves_the_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # a crashed while it waited: it says nothing, and without this every later release would wait out
+    # the patience for it and then send every run behind it to try at once.
+    import asyncio
+
+    h, a, c = (f"prefect.task-run.{n}" for n in "hac")
+    listener = _listener(c, joined=3)
+    with caplog.at_level(logging.DEBUG, logger="prefect_volcano.wake"):
+        listener._on(_event("waiting", a, 1))
+        listener._on(_event("released", h, 7))
+        await asyncio.sleep(0.3)
+        assert _woke(caplog) == [f"woke 0 waiter(s) after 0.05 s (the first in line, {a}, did not take it)"]
+        caplog.clear()
+        listener._on(_event("waiting", a, 1))  # a's event replayed late does not put it back in line
+        listener._on(_event("released", h, 12))
+    assert _woke(caplog) == ["woke 0 waiter(s) at once (first in line)"]
+
+
+def _delivered(listener: Any, *events: Any) -> None:
+    for event in events:
+        listener._on(event)
+
+
+async def test_a_read_release_the_subscription_missed_wakes_unless_an_acquisition_followed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    h, a, c = (f"prefect.task-run.{n}" for n in "hac")
+    with caplog.at_level(logging.DEBUG, logger="prefect_volcano.wake"):
+        listener = _listener(c, joined=3)
+        release = _event("released", h, 4)
+        assert listener._missed([_event("waiting", a, 1), release]) is release
+        _delivered(listener, _event("acquired", a, 5))
+        assert listener._missed([release]) is None  # a took it after: nothing to wake for
+        heard = _listener(c)
+        _delivered(heard, release)
+        assert heard._missed([release]) is None  # delivered already, and answered then
+        assert _woke(caplog) == ["woke 0 waiter(s) at once (first in line)"]  # the delivered one
+
+
+def test_a_waiter_looks_once_only_when_first_and_it_heard_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    a, c = "prefect.task-run.a", "prefect.task-run.c"
+
+    def looked(*events: Any) -> bool:
+        caplog.clear()
+        listener = _listener(c, joined=3)
+        _delivered(listener, *events)
+        listener._look_if_nothing_heard()
+        return any("one look, first in line" in r.getMessage() for r in caplog.records)
+
+    with caplog.at_level(logging.DEBUG, logger="prefect_volcano.wake"):
+        assert looked()  # alone, nothing heard: a release just before it listened has no event yet
+        assert not looked(_event("waiting", a, 1))  # a is ahead: it listened earlier and heard it
+        assert not looked(_event("acquired", a, 5))  # a change since it waited: the line moves
+        assert looked(_event("acquired", a, 2))  # a change from before it waited says nothing
+
+
+async def test_in_a_crowd_whose_line_is_unread_the_first_tries_after_a_draw(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 50 runs let go at once: each misses the runs that joined just before it subscribed, and many take
+    # themselves for first. Until a read has put those runs in line, a run that knows of others (or heard
+    # one it never saw waiting acquire) draws a delay within DRAW seconds instead of trying at once.
+    import asyncio
+
+    from prefect_volcano import _wake
+
+    h, b, c, x = (f"prefect.task-run.{n}" for n in "hbcx")
+    monkeypatch.setattr(_wake, "DRAW", 0.06)
+    with caplog.at_level(logging.DEBUG, logger="prefect_volcano.wake"):
+        crowd = _listener(c, joined=3)
+        crowd._draw = lambda: 0.5
+        _delivered(crowd, _event("waiting", b, 4), _event("released", h, 7))
+        await asyncio.sleep(0.3)
+        assert _woke(caplog) == [
+            "woke 0 waiter(s) after a draw of 0.03 s (first as far as it knows, the line unread)"
+        ]
+        caplog.clear()
+        crowd._read = True  # a read since: its place is known
+        _delivered(crowd, _event("released", h, 9))
+        assert _woke(caplog) == ["woke 0 waiter(s) at once (first in line)"]
+        caplog.clear()
+
+        heard = _listener(c, joined=3)
+        heard._draw = lambda: 0.5
+        monkeypatch.setattr(_wake, "DRAW", 0.8)
+        _delivered(heard, _event("acquired", x, 5))  # x waited, and c never heard it join
+        _delivered(heard, _event("released", x, 7), _event("acquired", b, 8))  # b drew less
+        await asyncio.sleep(0.5)
+        assert _woke(caplog) == []
+
+        alone = _listener(c, joined=3)
+        _delivered(alone, _event("released", h, 7))
+    assert _woke(caplog) == ["woke 0 waiter(s) at once (first in line)"]  # a lone waiter never waits
