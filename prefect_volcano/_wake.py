@@ -55,16 +55,16 @@ its holder emits `lost` when its next renewal is refused)."""
 WAKE_ENV = "VOLCANO_PREFECT_WAKE"
 """Set to `off` to wait by polling alone (no events subscription), e.g. where events are blocked."""
 _SKEW = timedelta(seconds=2)  # events of the last seconds before we listened still count
-CATCH_UP = (1.5, 6.0, 20.0)
-"""Seconds after subscribing at which a waiting run reads the line's persisted events (Prefect's event
-persister stores them every 20 events or 5 s by default; later on a busy server)."""
-DRAW = 0.5
-"""Seconds within which runs that each take themselves for first, in a crowd whose line is unread,
-draw when to try: a few times an acquisition event's delivery on a loaded server, and short enough
-for a small line's handoffs."""
 SETTLED = 6.0
 """Seconds after subscribing from which a read holds every run that joined before (the persister's
 default 5 s, and a second): from then on the first in line goes at once even in a crowd."""
+CATCH_UP = (1.5, SETTLED, 20.0)
+"""Seconds after subscribing at which a waiting run reads the line's persisted events (Prefect's event
+persister stores them every 20 events or 5 s by default; later on a busy server)."""
+DRAW = 1.0
+"""Seconds within which runs that each take themselves for first, in a crowd whose line is unread,
+draw when to try: several times an acquisition event's delivery on a loaded server (at 50 runs'
+start, 0.5 s let 16-19 runs try on one release), and short enough for a small line's handoffs."""
 CATCH_UP_SPAN = timedelta(minutes=2)  # how far before this run's own wait the read looks
 CATCH_UP_PAGE = 50  # the most Prefect's /events/filter answers at once
 CATCH_UP_PAGES = 10
@@ -328,8 +328,10 @@ class ReleaseListener:
         seconds before this one subscribed are missing from its line, and each of them took itself for
         first. Once Prefect's persister has stored them, one read (a Prefect API call, not a lock
         request) puts them in line. A release the read finds and the subscription missed wakes this
-        run as a delivered one would; after the first read, a run first in line that heard nothing
-        since it was refused looks once (`_look_if_nothing_heard`).
+        run as a delivered one would. At the SETTLED read, a run first in line that heard nothing since
+        it was refused looks once (`_look_if_nothing_heard`), for a release the persister has not
+        stored yet; a look at every subscription cost one request a waiting run, and at 50 runs let go
+        at once the runs that took themselves for first all looked before the first release.
         """
         since = (self._joined or datetime.now(UTC)) - CATCH_UP_SPAN
         waited = 0.0
@@ -340,7 +342,7 @@ class ReleaseListener:
                 events = await self._read_line(since)
             except Exception as exc:  # the line stays as the stream made it: a few more tries, no harm
                 logger.debug("lock %r: could not read the line's events (%s)", self.key, exc)
-                if at == after[0]:
+                if at == SETTLED:
                     self._look_if_nothing_heard()
                 continue
             for event in events:
@@ -355,7 +357,7 @@ class ReleaseListener:
             missed = self._missed(events)
             if missed is not None:
                 self._on(missed)  # wakes as a delivered release would
-            elif at == after[0]:
+            elif at == SETTLED:
                 self._look_if_nothing_heard()
 
     async def _read_line(self, since: datetime) -> list[Event]:

@@ -217,7 +217,8 @@ def test_a_killed_holder_is_taken_over_at_the_first_look_after_its_lease_ends(
     between = [r for r in calls if killed <= r["mono"] < taken["mono"]]
     # After the kill: at most a look at the expiry the waiter knew (the holder renewed since), a look
     # at the lease's real end that finds it free, and the acquisition; nothing on a backoff schedule.
-    assert len(between) <= 2, _summary(calls, killed)
+    # The waiter's one look 6 s after it subscribed (alone in line, it heard no release) may land here too.
+    assert len(between) <= 3, _summary(calls, killed)
     # Scheduled at the lease's end plus the grace (about 1.2 s past `lapse`); the bound leaves room for a
     # loaded machine and still tells a look at the lease's end from a backoff of up to a minute.
     assert taken["mono"] - lapse < 5.0, (taken["mono"] - lapse, _summary(calls, killed))
