@@ -28,7 +28,6 @@ import random
 import threading
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
-from uuid import UUID
 
 from prefect.client.orchestration import get_client
 from prefect.events import Event
@@ -195,9 +194,7 @@ class ReleaseListener:
         self.line = WaitingLine(me)
         self.line.joined(joined)
         self._joined = joined
-        self._heard: set[UUID] = set()  # events the subscription delivered
         self._last_change: Event | None = None  # the latest release, loss or acquisition delivered
-        self._heard_change = False  # one delivered since this run started waiting
         self._missed_waiters = False  # a run it never heard join the line acquired since it waited
         self._read = False  # a read at least SETTLED s after subscribing put the missing runs in line
         self._draw: Callable[[], float] = random.random
@@ -206,6 +203,11 @@ class ReleaseListener:
         self._since = datetime.now(UTC) - _SKEW
         self._later: asyncio.Task[None] | None = None
         self._later_for: datetime | None = None  # when the release occurred that `_later` answers
+
+    @property
+    def _waiting_since(self) -> datetime:
+        """When this run started waiting (else when it started listening, less the skew)."""
+        return self._joined or self._since
 
     @staticmethod
     def available() -> bool:
@@ -230,7 +232,8 @@ class ReleaseListener:
         lease released a tenth of a second before it listened). A run behind others leaves the look to
         them: they listened earlier, so they heard the release and the next acquisition says so. The
         look costs one request; a lock still held refuses it."""
-        if self._heard_change or not self.line.first():
+        heard = self._last_change is not None and self._last_change.occurred >= self._waiting_since
+        if heard or not self.line.first():
             return
         woken = wake(self.key, api_url=self._api_url, credential_id=self._credential_id)
         logger.debug(
@@ -247,7 +250,8 @@ class ReleaseListener:
         if not changes:
             return None
         latest = max(changes, key=lambda e: e.occurred)
-        if latest.event in FREED and latest.id not in self._heard and latest.occurred >= self._since:
+        delivered = self._last_change is not None and latest.id == self._last_change.id
+        if latest.event in FREED and not delivered and latest.occurred >= self._since:
             return latest
         return None
 
@@ -276,17 +280,15 @@ class ReleaseListener:
 
     def _on(self, event: Event) -> None:
         logger.debug("event %s of %s at %s", event.event, _runner(event), event.occurred.isoformat())
-        self._heard.add(event.id)
-        if event.event in FREED or event.event == ACQUIRED:
-            if self._last_change is None or event.occurred >= self._last_change.occurred:
-                self._last_change = event
-            self._heard_change = self._heard_change or event.occurred >= (self._joined or self._since)
+        changes = event.event in FREED or event.event == ACQUIRED
+        if changes and (self._last_change is None or event.occurred >= self._last_change.occurred):
+            self._last_change = event
         runner = _runner(event)
         if (
             event.event == ACQUIRED
             and runner not in (None, self.line.me)
             and not self.line.waiting(runner)
-            and event.occurred >= (self._joined or self._since)
+            and event.occurred >= self._waiting_since
         ):
             self._missed_waiters = True  # it waited, and this run never heard it join the line
         self.line.saw(event)  # a release, like an acquisition or a skip, ends its run's place in line
@@ -338,23 +340,22 @@ class ReleaseListener:
         for at in after:
             await asyncio.sleep(at - waited)
             waited = at
+            missed = None
             try:
                 events = await self._read_line(since)
             except Exception as exc:  # the line stays as the stream made it: a few more tries, no harm
                 logger.debug("lock %r: could not read the line's events (%s)", self.key, exc)
-                if at == SETTLED:
-                    self._look_if_nothing_heard()
-                continue
-            for event in events:
-                self.line.saw(event)
-            self._read = self._read or at >= SETTLED
-            logger.debug(
-                "lock %r: read %d persisted event(s) of the line; first in line: %s",
-                self.key,
-                len(events),
-                self.line.first(),
-            )
-            missed = self._missed(events)
+            else:
+                for event in events:
+                    self.line.saw(event)
+                self._read = self._read or at >= SETTLED
+                logger.debug(
+                    "lock %r: read %d persisted event(s) of the line; first in line: %s",
+                    self.key,
+                    len(events),
+                    self.line.first(),
+                )
+                missed = self._missed(events)
             if missed is not None:
                 self._on(missed)  # wakes as a delivered release would
             elif at == SETTLED:
