@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import ipaddress
 import json
 import math
 import os
@@ -12,7 +13,14 @@ from urllib.parse import urlsplit
 
 from volcano_locks.errors import InvalidRequest
 
-__all__ = ["ENV_ANON_KEY", "ENV_API_URL", "ENV_SERVICE_KEY", "ClientConfig", "resolve_config"]
+__all__ = [
+    "ENV_ANON_KEY",
+    "ENV_API_URL",
+    "ENV_SERVICE_KEY",
+    "ClientConfig",
+    "api_url_from",
+    "resolve_config",
+]
 
 ENV_API_URL = "VOLCANO_API_URL"
 ENV_ANON_KEY = "VOLCANO_ANON_KEY"
@@ -58,6 +66,44 @@ def _project_claim(jwt: str) -> str | None:
     return project if isinstance(project, str) and project else None
 
 
+def api_url_from(typed: str) -> str:
+    """The API URL the client uses for one a user typed: the one rule for the core, the Airflow
+    connection and the Prefect block (neither orchestrator's form can check a URL's shape).
+
+    Without a scheme (``api.volcano.dev``, ``127.0.0.1:8000``) it gets ``https://``, or ``http://``
+    for a loopback host (the local server), as a browser's address bar does; the service key never
+    goes in clear text to another machine because a scheme was left out. The trailing ``/`` goes.
+
+    Raises:
+        InvalidRequest: Not an http(s) URL with a host, a port out of range, or whitespace inside;
+            the message names the value as typed (a URL is not a secret).
+    """
+    url = typed.strip()
+    if url and "://" not in url:
+        url = f"{'http' if _loopback(urlsplit(f'//{url}').hostname) else 'https'}://{url}"
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname or any(ch.isspace() for ch in url):
+        raise InvalidRequest(
+            f"API URL {typed!r} is not an http(s) URL with a host: expected http(s)://host[:port][/path]"
+        )
+    try:
+        parts.port  # noqa: B018 (urlsplit checks the port only when asked)
+    except ValueError:
+        raise InvalidRequest(f"API URL {typed!r} has an invalid port (expected 1-65535)") from None
+    return url.rstrip("/")
+
+
+def _loopback(host: str | None) -> bool:
+    if host is None:
+        return False
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def _setting(value: str | None, env: str) -> str | None:
     if value is None:
         value = os.environ.get(env)
@@ -80,9 +126,7 @@ def resolve_config(
     url = _setting(api_url, ENV_API_URL)
     if url is None:
         raise InvalidRequest(f"missing API URL: pass api_url= or set {ENV_API_URL}")
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise InvalidRequest(f"invalid API URL {url!r}: expected http(s)://host[:port][/path]")
+    url = api_url_from(url)
     skey = _setting(service_key, ENV_SERVICE_KEY)
     if skey is None:
         raise InvalidRequest(f"missing service key: pass service_key= or set {ENV_SERVICE_KEY}")
@@ -96,4 +140,4 @@ def resolve_config(
         or timeout <= 0
     ):
         raise InvalidRequest(f"invalid timeout {timeout!r}: expected a positive number of seconds")
-    return ClientConfig(api_url=url.rstrip("/"), service_key=skey, anon_key=akey, timeout=float(timeout))
+    return ClientConfig(api_url=url, service_key=skey, anon_key=akey, timeout=float(timeout))

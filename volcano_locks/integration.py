@@ -19,6 +19,7 @@ if _typing.TYPE_CHECKING:
     from volcano_locks._steps import async_outcome as async_outcome
     from volcano_locks._steps import outcome as outcome
     from volcano_locks.clock import lease_clock as lease_clock
+    from volcano_locks.config import api_url_from as api_url_from
     from volcano_locks.eta import Eta as Eta
     from volcano_locks.eta import duration as duration
     from volcano_locks.eta import estimate as estimate
@@ -55,6 +56,7 @@ _FROM = {
     "ReleaseOutcome": "volcano_locks.releasing",
     "WaitPolicy": "volcano_locks.waiting",
     "add_sink": "volcano_locks.telemetry",
+    "api_url_from": "volcano_locks.config",
     "async_keep": "volcano_locks.keeping",
     "async_outcome": "volcano_locks._steps",
     "async_release_or_lapse": "volcano_locks.releasing",

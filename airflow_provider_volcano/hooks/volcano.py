@@ -25,7 +25,7 @@ from volcano_locks import (
     VolcanoError,
     VolcanoLocks,
 )
-from volcano_locks.integration import validate_wait_budget
+from volcano_locks.integration import api_url_from, validate_wait_budget
 
 if TYPE_CHECKING:
     from airflow_provider_volcano._tokens import TaskIdentity
@@ -99,20 +99,12 @@ def _api_url(conn_id: str, host: str | None, port: int | None, schema: str | Non
             f"Volcano connection {conn_id!r} has no API URL: set its API URL field "
             "(e.g. https://api.volcano.dev)"
         )
-    url = host.strip().rstrip("/")
-    if "://" not in url:
-        url = f"https://{url}"
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise VolcanoConnectionError(
-            f"Volcano connection {conn_id!r}: API URL {url!r} is not an http(s) URL with a host"
-        )
     try:
-        url_port = parts.port
-    except ValueError:
-        raise VolcanoConnectionError(
-            f"Volcano connection {conn_id!r}: API URL {url!r} has an invalid port"
-        ) from None
+        url = api_url_from(host)  # the core's rule: a scheme-less host gets https (http on loopback)
+    except InvalidRequest as exc:
+        raise VolcanoConnectionError(f"Volcano connection {conn_id!r}: {exc}") from None
+    parts = urlsplit(url)
+    url_port = parts.port
     if port is not None and port != 0:
         # The Port field exists so that Airflow 3.3.2's Test icon works (apache/airflow#73298); it
         # must name the same endpoint as the URL, never silently redirect the keys elsewhere.

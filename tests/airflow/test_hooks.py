@@ -76,6 +76,10 @@ def test_bare_host_defaults_to_https_and_keeps_port_and_prefix(monkeypatch: pyte
         ("http://127.0.0.1:8123", 8123, "http://127.0.0.1:8123"),
         ("http://127.0.0.1:8123", None, "http://127.0.0.1:8123"),
         ("http://127.0.0.1", 80, "http://127.0.0.1"),
+        # Airflow's Host field takes a host without a scheme: the core's rule gives it one.
+        ("api.volcano.dev", None, "https://api.volcano.dev"),
+        ("127.0.0.1", 8123, "http://127.0.0.1:8123"),
+        ("localhost:8123", None, "http://localhost:8123"),
     ],
 )
 def test_port_field_names_the_same_endpoint_as_the_url(
