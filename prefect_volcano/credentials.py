@@ -5,14 +5,13 @@ from __future__ import annotations
 import functools
 import ssl
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 from prefect.blocks.core import Block
 from pydantic import Field, SecretStr, field_validator
 
-from volcano_locks import AsyncVolcanoLocks, VolcanoLocks
-from volcano_locks.integration import validate_wait_budget
+from volcano_locks import AsyncVolcanoLocks, InvalidRequest, VolcanoLocks
+from volcano_locks.integration import api_url_from, validate_wait_budget
 
 __all__ = ["DEFAULT_API_URL", "VolcanoCredentials", "async_client_for", "sync_client_for"]
 
@@ -21,8 +20,6 @@ DEFAULT_API_URL = "https://api.volcano.dev"
 
 DOCS_URL = "https://github.com/volcano-locks/volcano-locks/blob/main/docs/prefect.md"
 """Where the block's "documentation" link points: this integration's own Prefect page."""
-API_URL_PATTERN = r"^\s*https?://[^/\s?#]+"
-"""What an API URL must start with (an http or https scheme and a host), as the form checks it."""
 
 
 class VolcanoCredentials(Block):
@@ -59,10 +56,12 @@ class VolcanoCredentials(Block):
     api_url: str = Field(
         default=DEFAULT_API_URL,
         title="API URL",
-        description="Base URL of the Volcano API, e.g. https://api.volcano.dev or http://127.0.0.1:8000.",
-        # In the schema too, so the UI's form refuses what the validator below would (the form does not
-        # run Python): a block saved with a URL no client can use could never load.
-        pattern=API_URL_PATTERN,
+        description=(
+            "Base URL of the Volcano API, e.g. https://api.volcano.dev or http://127.0.0.1:8000"
+            " (without a scheme: https, or http for localhost)."
+        ),
+        # No `pattern`: neither of Prefect's block forms checks one (docs/prefect.md), so whatever the
+        # form saves must load; the validator below takes a scheme-less URL as the core does.
     )
     service_key: SecretStr = Field(
         default=...,
@@ -76,7 +75,9 @@ class VolcanoCredentials(Block):
     )
     timeout: float = Field(
         default=10.0,
-        gt=0,
+        # `ge`, not `gt`: Prefect 3.9's default (V2) form turns `minimum` into its number input's `min`,
+        # which the browser enforces, and ignores `exclusiveMinimum`: a 0 would save and never load.
+        ge=0.1,
         le=300,
         description="Seconds allowed for each HTTP request to the locks API.",
     )
@@ -101,11 +102,12 @@ class VolcanoCredentials(Block):
     @field_validator("api_url")
     @classmethod
     def _check_api_url(cls, value: str) -> str:
-        """Reject URLs the client could never reach, naming the value (it is not a secret)."""
-        parts = urlsplit(value.strip())
-        if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise ValueError(f"api_url must be an http(s) URL such as {DEFAULT_API_URL}, got {value!r}")
-        return value.strip().rstrip("/")
+        """The core's rule (one rule, one place): a scheme-less URL gets one; a URL no client could
+        reach is refused, naming the value (it is not a secret)."""
+        try:
+            return api_url_from(value)
+        except InvalidRequest as exc:
+            raise ValueError(str(exc)) from None
 
     def _client_kwargs(self) -> dict[str, Any]:
         return {

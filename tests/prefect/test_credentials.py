@@ -42,13 +42,23 @@ def test_repr_and_json_mask_secrets() -> None:
         assert "anon-SECRET-2" not in text
 
 
-@pytest.mark.parametrize("url", ["ftp://example.com", "api.volcano.dev", "", "http://"])
+@pytest.mark.parametrize("url", ["ftp://example.com", "", "http://", "https://api volcano.dev", "h:99999"])
 def test_rejects_unusable_api_url(url: str) -> None:
-    with pytest.raises(ValidationError, match="api_url"):
+    with pytest.raises(ValidationError, match="api_url") as refused:
         VolcanoCredentials(api_url=url, service_key="k")
+    assert repr(url) in str(refused.value)  # the value is named (a URL is not a secret)
 
 
-@pytest.mark.parametrize("timeout", [0, -1, 301])
+@pytest.mark.parametrize(
+    ("typed", "url"),
+    [("api.volcano.dev", "https://api.volcano.dev"), ("127.0.0.1:8000", "http://127.0.0.1:8000")],
+)
+def test_api_url_without_a_scheme_follows_the_core_rule(typed: str, url: str) -> None:
+    assert VolcanoCredentials(api_url=typed, service_key="k").api_url == url
+    assert "pattern" not in VolcanoCredentials.model_json_schema()["properties"]["api_url"]
+
+
+@pytest.mark.parametrize("timeout", [0, 0.05, -1, 301])
 def test_rejects_bad_timeout(timeout: float) -> None:
     with pytest.raises(ValidationError, match="timeout"):
         VolcanoCredentials(service_key="k", timeout=timeout)
