@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -89,6 +90,41 @@ def test_create_form_fields_and_the_saved_key_is_masked(prefect_ui: str) -> None
             browser.close()
 
 
+def test_v2_create_form_fields_and_the_saved_key_is_masked(prefect_ui: str) -> None:
+    """The same in the UI a Prefect 3.9 user meets first (V2, its default)."""
+    import uuid
+
+    name = f"volcano-v2-{uuid.uuid4().hex[:6]}"
+    with playwright_sync.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 1000})
+            page.goto(f"{prefect_ui}/", wait_until="networkidle")
+            assert page.url.startswith(f"{prefect_ui}/v2"), page.url  # where a new browser lands
+            form = _fill_create_form(page, prefect_ui, "v2", name, api_url="http://127.0.0.1:8000")
+            (block,) = _saved(prefect_ui, name)
+            assert block["data"]["service_key"] == "********"
+            page.goto(f"{prefect_ui}/v2/blocks/block/{block['id']}", wait_until="networkidle")
+            page.get_by_text("http://127.0.0.1:8000").first.wait_for(timeout=20_000)
+            assert SERVICE_KEY not in page.content()
+            page.screenshot(path=str(SCREENSHOTS / "prefect-volcano-credentials-saved-v2.png"))
+            page.goto(f"{prefect_ui}/v2/blocks/catalog/volcano-credentials/create", wait_until="networkidle")
+            form = page.locator("form")
+            form.get_by_text("Service key").wait_for()
+            text = form.inner_text()
+            for described in (
+                "Name",
+                "API URL (Optional)",
+                "without a scheme: https, or http for localhost",
+                "Waiting budget (Optional)",
+                "Timeout (Optional)",
+            ):
+                assert described in text, described
+            page.screenshot(path=str(SCREENSHOTS / "prefect-volcano-credentials-form-v2.png"))
+        finally:
+            browser.close()
+
+
 def _row(page: Any, name: str) -> str:
     """The text of the innermost list row showing run `name` with its state."""
     rows = page.locator("div, li, tr", has_text=name).filter(has_text=re.compile("Completed|Running"))
@@ -107,71 +143,154 @@ def _dashboard_row(page: Any, state: str, name: str) -> str:
     return _row(page, name)
 
 
+def _v2_dashboard_row(page: Any, state: str, name: str) -> str:
+    """The V2 dashboard's row of run `name`: its Flow Runs card's tab for `state`, the flow opened."""
+    tab = page.get_by_role("tab").filter(has=page.locator(f"[class*='bg-state-{state}-']")).first
+    tab.click()
+    trigger = page.locator("[data-slot=accordion-trigger]").first
+    trigger.wait_for(timeout=20_000)
+    if trigger.get_attribute("aria-expanded") != "true":
+        trigger.locator("span").last.click()  # the run count: the flow's name is a link to its page
+    page.get_by_text(name).first.wait_for(timeout=20_000)
+    return _row(page, name)
+
+
+def _after_the_minute_of(runs: list[dict[str, Any]]) -> float:
+    """Seconds until the minute after the runs' latest expected start has begun: V2's dashboard asks
+    for runs expected before the current minute's start, so a run shows there from the next minute."""
+    import datetime
+
+    latest = max(datetime.datetime.fromisoformat(r["expected_start_time"]) for r in runs)
+    shown_from = latest.replace(second=0, microsecond=0) + datetime.timedelta(minutes=1, seconds=1)
+    return max(0.0, (shown_from - datetime.datetime.now(datetime.UTC)).total_seconds())
+
+
 def _saved(base: str, name: str) -> list[dict[str, Any]]:
     return [b for b in httpx.post(f"{base}/api/block_documents/filter", json={}).json() if b["name"] == name]
 
 
-def _fill_create_form(page: Any, base: str, name: str, api_url: str | None, budget: str | None) -> None:
-    page.goto(f"{base}/blocks/catalog/volcano-credentials/create", wait_until="networkidle")
+UIS = {"v1": "", "v2": "/v2"}
+"""The path prefix of each UI Prefect 3.9 serves. Its root sends a browser without a saved choice to
+V2 (`server.ui.v2_enabled`, default true); V1 stays one click away ("Switch to V1 UI") and is the UI
+of Prefect 3.7. The two build their block forms differently, so each is tried."""
+
+
+def _fill_create_form(
+    page: Any,
+    base: str,
+    ui: str,
+    name: str,
+    *,
+    api_url: str | None = None,
+    service_key: str = SERVICE_KEY,
+    timeout: str | None = None,
+    budget: str | None = None,
+) -> Any:
+    """Fill Prefect's create form for the block in UI `ui` and press its button; returns the form."""
+    page.goto(f"{base}{UIS[ui]}/blocks/catalog/volcano-credentials/create", wait_until="networkidle")
     form = page.locator("form")
-    form.locator("input[type=text]").first.fill(name)
+    form.get_by_text("Service key").wait_for()  # the form renders after the network settles
+    form.locator("input").first.fill(name)  # the block's name comes first in both
     if api_url is not None:
         form.locator("textarea").nth(0).fill(api_url)
-    form.locator("textarea").nth(1).fill(SERVICE_KEY)
-    if budget is not None:  # the last number input: the waiting budget (the timeout comes before it)
+    # V1 shows the key in a textarea (masked once saved); V2 in a password input.
+    (form.locator("textarea").nth(1) if ui == "v1" else form.locator("input[type=password]")).fill(
+        service_key
+    )
+    if timeout is not None:  # the first number input: the timeout comes before the budget
+        form.locator("input[type=number]").first.fill(timeout)
+    if budget is not None:
+        if ui == "v2":  # V2 shows an optional integer as a choice of "int" or "None"
+            form.get_by_text("int", exact=True).click()
         form.locator("input[type=number]").last.fill(budget)
-    page.get_by_role("button", name="Create").click()
+    page.get_by_role("button", name="Create" if ui == "v1" else "Save").click()
     page.wait_for_timeout(1500)  # time for a (wrong) save to land; the form's own check is at once
+    return form
 
 
-def test_the_form_refuses_a_waiting_budget_of_0(prefect_ui: str) -> None:
-    """The form checks the schema's bounds (`minimum` 1): a budget of 0 is refused, nothing saved."""
+def _refusal(form: Any, ui: str, field: str) -> str:
+    """What the form says of a refused field: V1 writes it under the field; V2's number input has the
+    browser's own check (the schema's `minimum` is its `min`), whose message the browser shows."""
+    if ui == "v1":
+        return str(form.inner_text())
+    number = form.locator("input[type=number]")
+    return str((number.first if field == "timeout" else number.last).evaluate("e => e.validationMessage"))
+
+
+@pytest.mark.parametrize("ui", UIS)
+@pytest.mark.parametrize(("field", "bound"), [("budget", "1"), ("timeout", "0.1")])
+def test_the_form_refuses_a_waiting_budget_or_timeout_of_0(
+    prefect_ui: str, ui: str, field: str, bound: str
+) -> None:
+    """Both forms check a number against the schema's `minimum` (V1 in its own rules, V2 through the
+    input's `min`): a budget or a timeout of 0, which could never load, is refused and nothing saved."""
     import uuid
 
-    name = f"refused-{uuid.uuid4().hex[:8]}"
+    name = f"refused-{field}-{ui}-{uuid.uuid4().hex[:6]}"
     with playwright_sync.sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 1100})
-            _fill_create_form(page, prefect_ui, name, None, "0")
+            form = _fill_create_form(page, prefect_ui, ui, name, **{field: "0"})
             assert _saved(prefect_ui, name) == []
-            shown = page.locator("form").inner_text()
-            assert "greater than or equal to 1" in shown or "at least 1" in shown, shown
-            page.screenshot(path=str(SCREENSHOTS / "prefect-volcano-credentials-refused-budget.png"))
-            _fill_create_form(page, prefect_ui, name, None, "1")  # the same form, corrected, saves
+            said = _refusal(form, ui, field)
+            assert f"greater than or equal to {bound}" in said, said
+            if field == "budget":
+                suffix = "" if ui == "v1" else "-v2"
+                page.screenshot(
+                    path=str(SCREENSHOTS / f"prefect-volcano-credentials-refused-budget{suffix}.png")
+                )
+            _fill_create_form(page, prefect_ui, ui, name, **{field: bound})  # the bound itself saves
             assert len(_saved(prefect_ui, name)) == 1
         finally:
             browser.close()
 
 
-def test_a_url_without_a_scheme_is_refused_with_its_value_named(prefect_ui: str) -> None:
-    """Prefect's block form checks only a field's bounds and lengths (its schema-form rules in the UI
-    bundle: required, min/max, exclusive bounds), never a `pattern`, so it saves a URL without a scheme;
-    the block then refuses to load, naming the value and the fix. This test fails the day the form
-    checks the pattern the block's schema carries: then the form refuses it, and the docs change."""
+@pytest.mark.parametrize("ui", UIS)
+def test_a_url_without_a_scheme_saved_by_the_form_loads_and_takes_a_lock(
+    prefect_ui: str, ui: str, volcano_server: Any
+) -> None:
+    """Neither form checks a URL's shape (V1's rules are bounds and lengths; V2 sends the values in
+    place of the schema to Prefect's validate endpoint, so nothing is checked), so whatever the form
+    saves must load: a URL without a scheme loads by the core's rule (https, http for a loopback host)
+    and the block takes a lock on the local server with it. A wrong scheme (`ftp://`) is still saved by
+    the forms and refused at load, naming the value."""
     import uuid
+
+    from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from prefect_volcano import VolcanoCredentials
 
-    name = f"no-scheme-{uuid.uuid4().hex[:8]}"
+    assert volcano_server.url.startswith("http://127.0.0.1:")
+    typed = volcano_server.url.removeprefix("http://")
+    names = {
+        u: f"url-{u.split(':')[0].replace('.', '-')}-{ui}-{uuid.uuid4().hex[:6]}"
+        for u in (typed, "api.volcano.dev", "ftp://api.volcano.dev")
+    }
     with playwright_sync.sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 1100})
-            _fill_create_form(page, prefect_ui, name, "api.volcano.dev", None)
-            (saved,) = _saved(prefect_ui, name)
-            assert saved["data"]["api_url"] == "api.volcano.dev"
+            for url, name in names.items():
+                key = volcano_server.service_key if url == typed else SERVICE_KEY
+                _fill_create_form(page, prefect_ui, ui, name, api_url=url, service_key=key)
+                (saved,) = _saved(prefect_ui, name)
+                assert saved["data"]["api_url"] == url
         finally:
             browser.close()
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
-    with (
-        temporary_settings(updates={PREFECT_API_URL: f"{prefect_ui}/api"}),
-        pytest.raises(RuntimeError, match="due to failed validation") as refused,
-    ):
-        VolcanoCredentials.load(name)
+    with temporary_settings(updates={PREFECT_API_URL: f"{prefect_ui}/api"}):
+        local = VolcanoCredentials.load(names[typed])
+        assert local.api_url == volcano_server.url  # http: the host is loopback
+        with (
+            local.get_client() as client,
+            client.with_lock(f"form-{ui}-{uuid.uuid4().hex[:6]}", ttl=5) as guard,
+        ):
+            assert guard.fencing_token
+        assert VolcanoCredentials.load(names["api.volcano.dev"]).api_url == "https://api.volcano.dev"
+        with pytest.raises(RuntimeError, match="due to failed validation") as refused:
+            VolcanoCredentials.load(names["ftp://api.volcano.dev"])
     cause = refused.value.__cause__ or refused.value.__context__
-    assert "api.volcano.dev" in str(cause) and "should match pattern" in str(cause), cause
+    assert "'ftp://api.volcano.dev' is not an http(s) URL" in str(cause), cause
 
 
 BOARD_DEMO = Path(__file__).with_name("board_demo.py")
@@ -262,6 +381,29 @@ def test_lock_current_view_and_a_skipped_run_in_the_runs_lists_and_the_dashboard
                         assert state.capitalize() in row, (state, row)
                     page.wait_for_timeout(1500)  # the flow's list finishes opening
                     page.screenshot(path=str(SCREENSHOTS / "prefect-dashboard-skipped.png"))
+
+                    # V2, the UI Prefect 3.9 opens by default: the same three lists, the same tag.
+                    for where, shot in (
+                        (
+                            f"deployments/deployment/{deployment_id}?tab=Runs",
+                            "prefect-deployment-runs-skipped-v2.png",
+                        ),
+                        ("runs", "prefect-flow-runs-skipped-v2.png"),
+                    ):
+                        page.goto(f"{prefect_ui}/v2/{where}", wait_until="networkidle")
+                        page.get_by_text(skipped["name"]).first.wait_for(timeout=20_000)
+                        row = _row(page, skipped["name"])
+                        assert SKIPPED_TAG in row and "Completed" in row, ("v2", where, row)
+                        assert SKIPPED_TAG not in _row(page, holder["name"]), ("v2", where)
+                        page.screenshot(path=str(SCREENSHOTS / shot))
+                    time.sleep(_after_the_minute_of(runs))
+                    for state, run, tagged in (("running", holder, False), ("completed", skipped, True)):
+                        page.goto(f"{prefect_ui}/v2/dashboard", wait_until="networkidle")
+                        row = _v2_dashboard_row(page, state, run["name"])
+                        assert (SKIPPED_TAG in row) is tagged, ("v2", state, row)
+                        assert state.capitalize() in row, ("v2", state, row)
+                    page.wait_for_timeout(1500)
+                    page.screenshot(path=str(SCREENSHOTS / "prefect-dashboard-skipped-v2.png"))
                 finally:
                     browser.close()
         finally:
