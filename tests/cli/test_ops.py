@@ -101,8 +101,9 @@ def test_missing_settings_are_usage_errors(volcano_server: LocalServer) -> None:
 
 
 def test_bad_url_and_bad_lock_key_are_usage_errors(volcano_server: LocalServer) -> None:
-    bad_url = run_cli("get", "k", env={**volcano_server.env(), "VOLCANO_API_URL": "not-a-url"})
-    assert bad_url.returncode == 2 and "not-a-url" in bad_url.stderr
+    # (a URL without a scheme is taken as https, or http on loopback: the core's rule, tests/core)
+    bad_url = run_cli("get", "k", env={**volcano_server.env(), "VOLCANO_API_URL": "ftp://not-a-url"})
+    assert bad_url.returncode == 2 and "ftp://not-a-url" in bad_url.stderr
     bad_key = run_cli("get", "a/b", env=volcano_server.env())
     assert bad_key.returncode == 2 and "a/b" in bad_key.stderr
 
