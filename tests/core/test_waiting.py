@@ -91,6 +91,22 @@ def test_uncertain_acquisition_in_a_wait_is_recovered(admin_server: LocalServer,
         client.release(unique_key, lease)
 
 
+def _granted(server: LocalServer, key: str, within: float = 30.0) -> None:
+    """Wait until the server has logged granting an acquisition of `key` (logged once its reply is
+    sent, after any `when=after` delay), so the lock's being free afterwards shows a release, not an
+    acquisition still to be served; fails, with the key's requests, if none was granted."""
+    deadline = time.monotonic() + within
+    while not any(
+        r["op"] == "acquire" and r["served"] == 201 and key in r["path"] for r in server.requests()
+    ):
+        assert time.monotonic() < deadline, [
+            {k: r[k] for k in ("op", "status", "served", "fault", "request_id", "mono")}
+            for r in server.requests()
+            if key in r["path"]
+        ]
+        time.sleep(0.2)
+
+
 def _free_within(client: VolcanoLocks, key: str, seconds: float) -> bool:
     deadline = time.monotonic() + seconds
     while client.get(key).held and time.monotonic() < deadline:
@@ -105,21 +121,25 @@ def test_raise_mode_abandons_an_unanswered_acquisition_after_a_429(
     # contention="raise": the first acquire is refused by a 429; the next is granted but answered
     # only after the client's 1 s timeout (its own retry too), and the wait runs out there. That
     # retry was an acquisition (the only call raise mode makes), so the lease it won is released
-    # behind the caller, not left held for its TTL (120 s).
+    # behind the caller, not left held for its TTL (120 s). The wait is 2.5 s: after the 429 the
+    # governor holds waiting requests for Retry-After (1 s) plus a random spread of up to 0.5 s, so a
+    # 1.5 s wait could end before the next try was sent, and then nothing was granted to release.
     admin_server.set_faults("status=429:count=1:op=acquire,delay=3:count=2:op=acquire:when=after")
     url, service_key = admin_server.url, admin_server.service_key
     if kind == "sync":
         with VolcanoLocks(url, service_key=service_key, timeout=1.0) as client:
             with pytest.raises(WaitTimeout):
-                client.wait_acquire(unique_key, 120, timeout=1.5, contention="raise")
-            assert _free_within(client, unique_key, 15)
+                client.wait_acquire(unique_key, 120, timeout=2.5, contention="raise")
+            _granted(admin_server, unique_key)
+            assert _free_within(client, unique_key, 20)
     else:
 
         async def wait() -> None:
             async with AsyncVolcanoLocks(url, service_key=service_key, timeout=1.0) as client:
                 with pytest.raises(WaitTimeout):
-                    await client.wait_acquire(unique_key, 120, timeout=1.5, contention="raise")
-                deadline = time.monotonic() + 15
+                    await client.wait_acquire(unique_key, 120, timeout=2.5, contention="raise")
+                await asyncio.to_thread(_granted, admin_server, unique_key)
+                deadline = time.monotonic() + 20
                 while (await client.get(unique_key)).held and time.monotonic() < deadline:
                     await asyncio.sleep(0.2)
                 assert not (await client.get(unique_key)).held
