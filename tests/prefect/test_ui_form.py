@@ -7,6 +7,7 @@ the reason, where Playwright or Debian's chromium is missing (CI installs `chrom
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import shutil
@@ -359,51 +360,39 @@ def test_lock_current_view_and_a_skipped_run_in_the_runs_lists_and_the_dashboard
                     page.get_by_text(artifact_key(key, PROJECT)).first.wait_for(timeout=20_000)
                     page.screenshot(path=str(SCREENSHOTS / "prefect-lock-artifacts-page.png"))
 
-                    for where, shot in (
+                    # Both UIs (V2 is the one Prefect 3.9 opens by default): the same lists, the same tag.
+                    for ui, (where, shot) in itertools.product(
+                        UIS,
                         (
-                            f"deployments/deployment/{deployment_id}?tab=Runs",
-                            "prefect-deployment-runs-skipped.png",
+                            (
+                                f"deployments/deployment/{deployment_id}?tab=Runs",
+                                "prefect-deployment-runs-skipped",
+                            ),
+                            ("runs", "prefect-flow-runs-skipped"),
                         ),
-                        ("runs", "prefect-flow-runs-skipped.png"),
                     ):
-                        page.goto(f"{prefect_ui}/{where}", wait_until="networkidle")
+                        page.goto(f"{prefect_ui}{UIS[ui]}/{where}", wait_until="networkidle")
                         page.get_by_text(skipped["name"]).first.wait_for(timeout=20_000)
                         row = _row(page, skipped["name"])
-                        assert SKIPPED_TAG in row, (where, row)  # told apart at a glance: the tag
-                        assert "Completed" in row, (where, row)
-                        assert SKIPPED_TAG not in _row(page, holder["name"]), where
-                        page.screenshot(path=str(SCREENSHOTS / shot))
-                    # The dashboard's Flow Runs card lists a state's runs under its state tab, by flow.
-                    page.goto(f"{prefect_ui}/dashboard", wait_until="networkidle")
-                    for state, run, tagged in (("running", holder, False), ("completed", skipped, True)):
-                        row = _dashboard_row(page, state, run["name"])
-                        assert (SKIPPED_TAG in row) is tagged, (state, row)
-                        assert state.capitalize() in row, (state, row)
-                    page.wait_for_timeout(1500)  # the flow's list finishes opening
-                    page.screenshot(path=str(SCREENSHOTS / "prefect-dashboard-skipped.png"))
-
-                    # V2, the UI Prefect 3.9 opens by default: the same three lists, the same tag.
-                    for where, shot in (
-                        (
-                            f"deployments/deployment/{deployment_id}?tab=Runs",
-                            "prefect-deployment-runs-skipped-v2.png",
-                        ),
-                        ("runs", "prefect-flow-runs-skipped-v2.png"),
-                    ):
-                        page.goto(f"{prefect_ui}/v2/{where}", wait_until="networkidle")
-                        page.get_by_text(skipped["name"]).first.wait_for(timeout=20_000)
-                        row = _row(page, skipped["name"])
-                        assert SKIPPED_TAG in row and "Completed" in row, ("v2", where, row)
-                        assert SKIPPED_TAG not in _row(page, holder["name"]), ("v2", where)
-                        page.screenshot(path=str(SCREENSHOTS / shot))
-                    time.sleep(_after_the_minute_of(runs))
-                    for state, run, tagged in (("running", holder, False), ("completed", skipped, True)):
-                        page.goto(f"{prefect_ui}/v2/dashboard", wait_until="networkidle")
-                        row = _v2_dashboard_row(page, state, run["name"])
-                        assert (SKIPPED_TAG in row) is tagged, ("v2", state, row)
-                        assert state.capitalize() in row, ("v2", state, row)
-                    page.wait_for_timeout(1500)
-                    page.screenshot(path=str(SCREENSHOTS / "prefect-dashboard-skipped-v2.png"))
+                        assert SKIPPED_TAG in row, (ui, where, row)  # told apart at a glance: the tag
+                        assert "Completed" in row, (ui, where, row)
+                        assert SKIPPED_TAG not in _row(page, holder["name"]), (ui, where)
+                        page.screenshot(path=str(SCREENSHOTS / f"{shot}{'' if ui == 'v1' else '-v2'}.png"))
+                    # The dashboard's Flow Runs card lists a state's runs under its state tab, by flow;
+                    # V2's shows a run from the minute after it started.
+                    for ui, row_of in (("v1", _dashboard_row), ("v2", _v2_dashboard_row)):
+                        time.sleep(_after_the_minute_of(runs) if ui == "v2" else 0)
+                        for state, run, tagged in (("running", holder, False), ("completed", skipped, True)):
+                            page.goto(f"{prefect_ui}{UIS[ui]}/dashboard", wait_until="networkidle")
+                            row = row_of(page, state, run["name"])
+                            assert (SKIPPED_TAG in row) is tagged, (ui, state, row)
+                            assert state.capitalize() in row, (ui, state, row)
+                        page.wait_for_timeout(1500)  # the flow's list finishes opening
+                        page.screenshot(
+                            path=str(
+                                SCREENSHOTS / f"prefect-dashboard-skipped{'' if ui == 'v1' else '-v2'}.png"
+                            )
+                        )
                 finally:
                     browser.close()
         finally:
