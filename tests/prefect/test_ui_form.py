@@ -102,7 +102,7 @@ def test_v2_create_form_fields_and_the_saved_key_is_masked(prefect_ui: str) -> N
             page = browser.new_page(viewport={"width": 1280, "height": 1000})
             page.goto(f"{prefect_ui}/", wait_until="networkidle")
             assert page.url.startswith(f"{prefect_ui}/v2"), page.url  # where a new browser lands
-            form = _fill_create_form(page, prefect_ui, "v2", name, api_url="http://127.0.0.1:8000")
+            _fill_create_form(page, prefect_ui, "v2", name, api_url="http://127.0.0.1:8000")
             (block,) = _saved(prefect_ui, name)
             assert block["data"]["service_key"] == "********"
             page.goto(f"{prefect_ui}/v2/blocks/block/{block['id']}", wait_until="networkidle")
@@ -176,6 +176,11 @@ V2 (`server.ui.v2_enabled`, default true); V1 stays one click away ("Switch to V
 of Prefect 3.7. The two build their block forms differently, so each is tried."""
 
 
+def _shot(name: str, ui: str) -> str:
+    """Where a screenshot of UI `ui` goes: V1's keep their names, V2's end in `-v2`."""
+    return str(SCREENSHOTS / f"{name}{'' if ui == 'v1' else '-v2'}.png")
+
+
 def _fill_create_form(
     page: Any,
     base: str,
@@ -237,10 +242,7 @@ def test_the_form_refuses_a_waiting_budget_or_timeout_of_0(
             said = _refusal(form, ui, field)
             assert f"greater than or equal to {bound}" in said, said
             if field == "budget":
-                suffix = "" if ui == "v1" else "-v2"
-                page.screenshot(
-                    path=str(SCREENSHOTS / f"prefect-volcano-credentials-refused-budget{suffix}.png")
-                )
+                page.screenshot(path=_shot("prefect-volcano-credentials-refused-budget", ui))
             _fill_create_form(page, prefect_ui, ui, name, **{field: bound})  # the bound itself saves
             assert len(_saved(prefect_ui, name)) == 1
         finally:
@@ -377,7 +379,7 @@ def test_lock_current_view_and_a_skipped_run_in_the_runs_lists_and_the_dashboard
                         assert SKIPPED_TAG in row, (ui, where, row)  # told apart at a glance: the tag
                         assert "Completed" in row, (ui, where, row)
                         assert SKIPPED_TAG not in _row(page, holder["name"]), (ui, where)
-                        page.screenshot(path=str(SCREENSHOTS / f"{shot}{'' if ui == 'v1' else '-v2'}.png"))
+                        page.screenshot(path=_shot(shot, ui))
                     # The dashboard's Flow Runs card lists a state's runs under its state tab, by flow;
                     # V2's shows a run from the minute after it started.
                     for ui, row_of in (("v1", _dashboard_row), ("v2", _v2_dashboard_row)):
@@ -388,11 +390,7 @@ def test_lock_current_view_and_a_skipped_run_in_the_runs_lists_and_the_dashboard
                             assert (SKIPPED_TAG in row) is tagged, (ui, state, row)
                             assert state.capitalize() in row, (ui, state, row)
                         page.wait_for_timeout(1500)  # the flow's list finishes opening
-                        page.screenshot(
-                            path=str(
-                                SCREENSHOTS / f"prefect-dashboard-skipped{'' if ui == 'v1' else '-v2'}.png"
-                            )
-                        )
+                        page.screenshot(path=_shot("prefect-dashboard-skipped", ui))
                 finally:
                     browser.close()
         finally:
